@@ -1,0 +1,1 @@
+"""Thin verl adapters: each translates verl's tensors/config into a ``tba_ext.core`` call."""

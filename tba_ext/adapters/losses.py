@@ -1,0 +1,153 @@
+"""verl registrations of the TB objective: one decorated function per loss and per estimator.
+
+Each function translates verl's padded (B, T) tensors into a call of ``tba_ext.core.tb``.
+
+- ``algorithm.adv_estimator=tb`` returns A = (S - mean_group S) / beta, with S the sum of verl's
+  ``token_level_rewards`` = r - beta * sum_t (old_log_prob - ref_log_prob) (``use_kl_in_reward=True``,
+  ``kl_penalty=kl``) and beta read from the same KL coefficient, so both always move together.
+- ``policy_loss.loss_mode=tb`` is (l_theta - l_old - A)^2 per sequence: eq. 5 with log Z fixed at its
+  step-start estimate. log Z is a per-group constant computed before the update, so micro-batches and
+  data-parallel ranks never need to hold whole groups.
+- ``adv_estimator=tb_pg`` / ``loss_mode=tb_pg`` are the TBA' form: advantage beta * A applied as a
+  policy gradient with a detached importance ratio clamped at ``is_ratio_max``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
+
+from tba_ext.core import tb
+
+# Driver-side metrics produced by the estimators; the TBA trainer mode moves them into verl's stream.
+ESTIMATOR_METRICS: dict[str, float] = {}
+
+
+def _kl_coef(config) -> float:
+    beta = float(config.kl_ctrl.kl_coef)
+    if not beta > 0:
+        raise ValueError(f"algorithm.kl_ctrl.kl_coef is beta for TB and must be > 0, got {beta}")
+    return beta
+
+
+def _sequence_advantage(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """verl broadcasts a sequence advantage over its tokens; recover it as the masked mean."""
+    mask = response_mask.to(advantages.dtype)
+    return (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+def _group_centred(token_level_rewards, response_mask, index, config, scale_by_inverse_beta: bool):
+    beta = _kl_coef(config)
+    if index is None:
+        raise ValueError("the tb estimators need prompt uids (verl's 'uid' field) to form groups")
+    groups = tb.group_ids(index)
+    counts = torch.bincount(groups)
+    if (counts < 2).any():
+        raise ValueError(
+            "TB needs at least 2 responses per prompt group (actor_rollout_ref.rollout.n >= 2); "
+            f"found a group of size {int(counts.min())}"
+        )
+    mask = response_mask.to(token_level_rewards.dtype)
+    score = (token_level_rewards * mask).sum(-1)  # S = r - beta * KL_seq
+    centred = score - tb.group_mean(score, groups)
+    seq_adv = centred / beta if scale_by_inverse_beta else centred
+    ESTIMATOR_METRICS.clear()
+    ESTIMATOR_METRICS.update(
+        {
+            "tb/beta": beta,
+            "tb/log_z": float((tb.group_mean(score, groups) / beta).mean()),
+            "tb/mean_abs_advantage": float(seq_adv.abs().mean()),
+        }
+    )
+    return seq_adv.unsqueeze(-1) * mask
+
+
+@register_adv_est("tb")
+def compute_tb_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """A_ij = (S_ij - mean_j S_ij) / beta, broadcast over response tokens. Returns (advantages, returns)."""
+    adv = _group_centred(token_level_rewards, response_mask, index, config, scale_by_inverse_beta=True)
+    return adv, adv
+
+
+@register_adv_est("tb_pg")
+def compute_tb_pg_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """TBA' advantage (r - r_bar) - beta (KL - KL_bar) = beta * A_tb, broadcast over response tokens."""
+    adv = _group_centred(token_level_rewards, response_mask, index, config, scale_by_inverse_beta=False)
+    return adv, adv
+
+
+def _loss_field(config, name: str, default: float) -> float:
+    policy_loss = getattr(config, "policy_loss", None)
+    return float(getattr(policy_loss, name, default)) if policy_loss is not None else default
+
+
+@register_policy_loss("tb")
+def compute_policy_loss_tb(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """VarGrad TB in advantage form: mean over sequences of (sum_t (log_prob - old_log_prob) - A)^2.
+
+    Args: (B, T) tensors as every verl policy loss; ``advantages`` come from ``adv_estimator=tb``.
+    TB is defined per sequence, so aggregation is always a sequence mean over the global batch
+    (``loss_agg_mode`` is ignored); verl's ``global_batch_info`` keeps it exact across micro-batches
+    and data-parallel ranks. No clipping, no importance weights (the paper's off-policy claim).
+    """
+    mask = response_mask.to(log_prob.dtype)
+    seq_adv = _sequence_advantage(advantages, mask)
+    per_seq = tb.tb_loss_from_advantage(
+        tb.sequence_logprob(log_prob, mask), tb.sequence_logprob(old_log_prob, mask), seq_adv
+    )
+    # spread each sequence's loss over its tokens so verl's seq-mean-token-sum sums it back exactly
+    loss_mat = per_seq.unsqueeze(-1) * mask / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    global_batch_info = getattr(config, "global_batch_info", None) or {}
+    loss = agg_loss(loss_mat, mask, "seq-mean-token-sum", **global_batch_info)
+    loss = loss * _loss_field(config, "loss_scale", 1.0)
+    metrics = {
+        "tb/residual_var": per_seq.detach().mean().item(),
+        "tb/policy_log_ratio": tb.sequence_logprob(log_prob - old_log_prob, mask).detach().mean().item(),
+    }
+    return loss, metrics
+
+
+@register_policy_loss("tb_pg")
+def compute_policy_loss_tb_pg(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum-norm",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """TBA' (the paper's 7B form): -sg(min(pi/pi_old, is_ratio_max)) * A * log pi per token.
+
+    ``advantages`` come from ``adv_estimator=tb_pg``. Aggregated with the configured ``loss_agg_mode``
+    (Dr. GRPO's ``seq-mean-token-sum-norm`` in our configs). verl's rollout-correction weights, if any,
+    multiply the clamped ratio.
+    """
+    mask = response_mask.to(log_prob.dtype)
+    ratio = torch.exp(log_prob - old_log_prob).detach()
+    weight = torch.clamp(ratio, max=_loss_field(config, "is_ratio_max", 8.0))
+    if rollout_is_weights is not None:
+        weight = weight * rollout_is_weights
+    loss_mat = -weight * advantages * log_prob
+    global_batch_info = getattr(config, "global_batch_info", None) or {}
+    loss = agg_loss(loss_mat, mask, loss_agg_mode, **global_batch_info)
+    loss = loss * _loss_field(config, "loss_scale", 1.0)
+    clipped = (ratio > _loss_field(config, "is_ratio_max", 8.0)).to(mask.dtype)
+    metrics = {
+        "tb_pg/is_ratio_clipfrac": ((clipped * mask).sum() / mask.sum().clamp(min=1.0)).item(),
+        "tb_pg/ratio_mean": ((ratio * mask).sum() / mask.sum().clamp(min=1.0)).item(),
+    }
+    return loss, metrics
+
+
+LOSS_NAMES = ("tb", "tb_pg")
+ESTIMATOR_NAMES = ("tb", "tb_pg")

@@ -1,0 +1,37 @@
+"""Typed hyperparameters of the tb / tb_pg losses, selected with ``policy_loss._target_``.
+
+verl rejects unknown keys under ``actor_rollout_ref.actor.policy_loss``; swapping the dataclass through
+``_target_`` is verl's own way to add fields (see docs in README, "the drop-in switch").
+"""
+
+from dataclasses import dataclass
+
+from verl.workers.config.actor import PolicyLossConfig
+
+TARGET = "tba_ext.adapters.policy_loss_config.TBPolicyLossConfig"
+
+
+@dataclass
+class TBPolicyLossConfig(PolicyLossConfig):
+    """Policy-loss config with TB fields.
+
+    Args:
+        loss_scale: multiplies the TB loss. TB residuals are O(r / beta) (250 at beta = 0.004), so the raw
+            gradient norm is large and verl's ``actor.grad_clip`` (default 1.0) clips almost every step;
+            Adam is invariant to a constant scale, so clipping only changes relative step sizes. Lower it
+            (e.g. to beta^2) to keep gradients under the clip threshold instead.
+        is_ratio_max: upper clamp of the detached importance ratio in ``tb_pg`` (CISPO-style, default 8).
+    """
+
+    loss_scale: float = 1.0
+    is_ratio_max: float = 8.0
+
+    def __post_init__(self):
+        if not self.loss_scale > 0:
+            raise ValueError(
+                f"actor_rollout_ref.actor.policy_loss.loss_scale must be > 0, got {self.loss_scale}"
+            )
+        if not self.is_ratio_max >= 1.0:
+            raise ValueError(
+                f"actor_rollout_ref.actor.policy_loss.is_ratio_max must be >= 1, got {self.is_ratio_max}"
+            )

@@ -1,0 +1,117 @@
+"""TBA trainer modes for verl's V1 trainer: ``trainer.v1.trainer_mode=tba_sync`` / ``tba_colocate_async``.
+
+Each runs verl's own ``sync`` / ``colocate_async`` trainer and adds the per-step work of TBA:
+- start-up checks of the TB settings (``tba_ext.core.settings``), failing before any worker starts;
+- the beta schedule, written into verl's KL coefficient, which the tb estimators also read as beta;
+- TB metrics in verl's stream (tb/beta, tb/log_z, tb/kl, tb/zero_reward_variance_frac, ...);
+- the reference-policy reset every ``tba.ref_reset_every`` steps (TBA');
+- saving/restoring the replay store with verl's checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+import torch
+import transfer_queue as tq
+from omegaconf import OmegaConf, open_dict
+
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from tba_ext.adapters import losses
+from tba_ext.core import tb
+from tba_ext.core.settings import check_tb_run, parse_settings
+
+logger = logging.getLogger(__name__)
+
+REPLAY_FILE = "tba_replay.pt"
+
+
+def _copy_actor_into_reference(worker) -> bool:
+    """Runs inside each ActorRolloutRefWorker: the reference engine takes the actor's current weights."""
+    with torch.no_grad():
+        worker.ref.engine.module.load_state_dict(worker.actor.engine.module.state_dict())
+    return True
+
+
+class TBATrainerMixin:
+    base_mode: str = ""
+
+    def __init__(self, config):
+        plain = OmegaConf.to_container(config, resolve=True)
+        self.tba = parse_settings(plain.get("tba"))
+        check_tb_run(plain)
+        # verl branches on trainer_mode == "sync" etc.; run as the base mode we extend
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = self.base_mode
+        self._beta_init = float(config.algorithm.kl_ctrl.kl_coef)
+        super().__init__(config)
+
+    # -- beta schedule: one number drives verl's KL coefficient and the estimator's 1/beta ---------------
+    def current_beta(self) -> float:
+        b = self.tba.beta
+        return tb.beta_at_step(max(self.global_steps, 1), self._beta_init, b.final, b.anneal_steps)
+
+    def on_step_begin(self):
+        beta = self.current_beta()
+        with open_dict(self.config):
+            self.config.algorithm.kl_ctrl.kl_coef = beta
+        if getattr(self, "kl_ctrl_in_reward", None) is not None:
+            self.kl_ctrl_in_reward.value = beta
+        super().on_step_begin()
+
+    def _compute_advantage(self, batch, metrics: dict):
+        if self.config.algorithm.adv_estimator in losses.ESTIMATOR_NAMES:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["rm_scores", "uid"])
+            reward = data["rm_scores"].to_padded_tensor().sum(-1).numpy()
+            metrics["tb/zero_reward_variance_frac"] = tb.zero_variance_fraction(reward, list(data["uid"]))
+        batch = super()._compute_advantage(batch, metrics)
+        metrics.update(losses.ESTIMATOR_METRICS)
+        if "actor/reward_kl_penalty" in metrics:
+            metrics["tb/kl"] = metrics["actor/reward_kl_penalty"]
+        return batch
+
+    def on_step_end(self):
+        super().on_step_end()
+        rho = self.tba.ref_reset_every
+        if rho and self.use_reference_policy and self.global_steps % rho == 0:
+            ray.get([w.__ray_call__.remote(_copy_actor_into_reference) for w in self.actor_rollout_wg.workers])
+            logger.info("tba: reference policy reset to the actor at step %d", self.global_steps)
+
+    # -- replay store persistence next to verl's checkpoint -----------------------------------------------
+    def _save_checkpoint(self):
+        # written before verl's tracker file, so a crash mid-save leaves the previous checkpoint current
+        if hasattr(self.replay_buffer, "save_store"):
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            os.makedirs(folder, exist_ok=True)
+            self.replay_buffer.save_store(os.path.join(folder, REPLAY_FILE))
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.global_steps > 0 and hasattr(self.replay_buffer, "load_store"):
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            if not os.path.isabs(folder):
+                folder = os.path.join(os.getcwd(), folder)
+            path = os.path.join(folder, REPLAY_FILE)
+            if os.path.exists(path):
+                self.replay_buffer.load_store(path)
+            else:
+                logger.warning("tba: no replay store at %s; resuming with an empty store", path)
+
+
+@register_trainer("tba_sync")
+class TBATrainerSync(TBATrainerMixin, PPOTrainerSync):
+    base_mode = "sync"
+
+
+@register_trainer("tba_colocate_async")
+class TBATrainerColocateAsync(TBATrainerMixin, PPOTrainerColocateAsync):
+    base_mode = "colocate_async"
+
+
+TRAINER_NAMES = ("tba_sync", "tba_colocate_async")

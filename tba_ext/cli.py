@@ -1,0 +1,129 @@
+"""The ``tba-ext`` command: doctor, make-model, prepare-data, train, quickstart, compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def cmd_doctor(args) -> int:
+    from tba_ext.doctor import report
+
+    ok, lines = report()
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+def _problems(task: str, n: int, seed: int, split: str):
+    if task == "arith":
+        from tba_ext.tasks import arith
+
+        return arith.make_problems(n, seed=seed + (0 if split == "train" else 10_000))
+    raise ValueError(f"unknown task {task!r} for the CPU toy data; choose arith")
+
+
+def cmd_prepare_data(args) -> int:
+    from tba_ext.tasks.data import write_task
+
+    summary = write_task(args.task, args.out, args.train_size, args.test_size, args.seed, source=args.source)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_make_model(args) -> int:
+    from tba_ext.models import ModelSpec, make_model
+    from tba_ext.tasks.data import corpus_for
+
+    texts = corpus_for(args.task, args.seed)
+    summary = make_model(args.out, texts, ModelSpec(size=args.size, vocab_size=args.vocab, seed=args.seed))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from tba_ext.launch import run_verl
+
+    overrides = list(args.overrides)
+    if args.run_dir:
+        overrides.append(f"run_dir={os.path.abspath(args.run_dir)}")
+    run_verl(args.config, overrides, log_path=args.log)
+    return 0
+
+
+def cmd_quickstart(args) -> int:
+    from tba_ext.quickstart import quickstart
+
+    quickstart(args.run_dir, short=args.short, seed=args.seed)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from tba_ext.compare import compare
+
+    compare(args.run_dir, short=args.short, seeds=args.seeds, staleness=args.staleness)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tba-ext", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("doctor", help="versions, platform and every name tba-ext registered with verl")
+    p.set_defaults(fn=cmd_doctor)
+
+    p = sub.add_parser("make-model", help="build a Qwen2-architecture model and BPE tokenizer offline")
+    p.add_argument("--out", required=True)
+    p.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
+    p.add_argument("--task", default="arith")
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_make_model)
+
+    p = sub.add_parser("prepare-data", help="write a task's train/test parquet files in verl's format")
+    p.add_argument("--task", default="arith", help="arith | gsm_symbolic | gsm8k | tldr | redteam")
+    p.add_argument("--out", required=True)
+    p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, tldr)")
+    p.add_argument("--train-size", type=int, default=2000)
+    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_prepare_data)
+
+    p = sub.add_parser("train", help="run verl's main_ppo on a tba-ext config (extra args are Hydra overrides)")
+    p.add_argument("--config", default="cpu_tb")
+    p.add_argument("--run-dir", default=None, help="folder with model/ and data/ (sets run_dir=)")
+    p.add_argument("--log", default=None, help="write verl's full output here")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("quickstart", help="CPU quickstart: model, data, warm start, TBA training, report")
+    p.add_argument("--run-dir", default="tba_quickstart")
+    p.add_argument("--short", action="store_true", help="a shortened run (CI)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_quickstart)
+
+    p = sub.add_parser("compare", help="TBA vs Dr. GRPO on identical data, model and seeds; one report")
+    p.add_argument("--run-dir", default="tba_compare")
+    p.add_argument("--short", action="store_true")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--staleness", type=int, nargs="+", default=[0], help="colocate_async warm-up batches")
+    p.set_defaults(fn=cmd_compare)
+
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.command != "train":
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.overrides = list(args.overrides) + unknown
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"tba-ext {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"tba-ext {args.command}: failed: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

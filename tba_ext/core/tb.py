@@ -1,0 +1,107 @@
+"""Trajectory balance (VarGrad TB) for language models: the equations of TBA, framework-free.
+
+Paper: Bartoldson et al., "Trajectory Balance with Asynchrony" (arXiv 2503.18929), eq. 5 and App. A.
+Nothing here imports verl; the verl adapters in ``tba_ext.adapters`` translate verl tensors into these calls.
+
+Notation (one prompt group i with K responses j):
+    l_theta(y) = sum_t log pi_theta(y_t | x, y_<t)     (sequence log-prob, no length normalisation)
+    delta_ij   = l_theta(y_ij) - l_ref(y_ij) - r_ij / beta
+    log Z_i    = -stopgrad(mean_j delta_ij)
+    L          = mean_i mean_j (log Z_i + delta_ij)^2   (eq. 5: the within-group variance of delta)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def sequence_logprob(token_logprob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Sum of per-token log-probs over valid response tokens: (B, T) -> (B,)."""
+    return (token_logprob * response_mask.to(token_logprob.dtype)).sum(-1)
+
+
+def group_ids(uids) -> torch.Tensor:
+    """Map an array of prompt uids (any hashable) to dense integer group ids, in first-seen order."""
+    index: dict = {}
+    return torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)
+
+
+def group_mean(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the members of each element's group, broadcast back to every element."""
+    n_groups = int(groups.max().item()) + 1 if groups.numel() else 0
+    sums = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, groups, values)
+    counts = torch.bincount(groups, minlength=n_groups).to(values.dtype)
+    return (sums / counts)[groups]
+
+
+def vargrad_tb_loss(
+    policy_seq_logprob: torch.Tensor,
+    ref_seq_logprob: torch.Tensor,
+    reward: torch.Tensor,
+    groups: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
+    """VarGrad trajectory balance, eq. 5 of the paper, computed directly.
+
+    1. residuals delta = l_theta - l_ref - r / beta
+    2. log Z per group = -mean(delta) over the group, detached (VarGrad estimate)
+    3. squared residual (log Z + delta)^2
+    4. mean over all trajectories (= mean over groups of the within-group variance for equal K)
+    """
+    delta = policy_seq_logprob - ref_seq_logprob - reward / beta
+    log_z = -group_mean(delta, groups).detach()
+    return ((log_z + delta) ** 2).mean()
+
+
+def tb_advantage(
+    reward: torch.Tensor,
+    kl_seq: torch.Tensor,
+    groups: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
+    """Group-centred KL-regularised advantage of TB (App. A), in units of 1/beta.
+
+    With S = r - beta * kl (kl = l_old - l_ref, the k1 sequence KL at the step-start policy):
+        A = (S - mean_group S) / beta = (r - r_bar) / beta - (kl - kl_bar)
+    Then ``tb_loss_from_advantage`` equals eq. 5 with log Z fixed at its step-start estimate, and
+    beta * A is the TBA' policy-gradient advantage (r - r_bar) - beta (KL - KL_bar).
+    """
+    score = reward - beta * kl_seq
+    return (score - group_mean(score, groups)) / beta
+
+
+def tb_loss_from_advantage(
+    policy_seq_logprob: torch.Tensor, old_seq_logprob: torch.Tensor, advantage: torch.Tensor
+) -> torch.Tensor:
+    """Per-sequence TB loss in advantage form: (l_theta - l_old - A)^2, shape (B,).
+
+    Equals (log Z_old + delta(theta))^2 of eq. 5 with log Z_i = -mean_j delta_ij(old): at theta = old the
+    value and gradient match the direct VarGrad loss exactly; the gradient there is -2 A grad l_theta,
+    mean-baseline REINFORCE on the KL-regularised reward (App. A).
+    """
+    return (policy_seq_logprob - old_seq_logprob - advantage) ** 2
+
+
+def beta_at_step(step: int, beta_init: float, beta_final: float | None, anneal_steps: int) -> float:
+    """Linear beta anneal of the paper's GSM8K runs (reference code, tba_trainer_gsm8k.py:657-662).
+
+    beta_u = beta_final * (u - 1) / N + beta_init * (1 - (u - 1) / N) for u < N, else beta_final; steps
+    count from 1. ``beta_final=None`` or ``anneal_steps=0`` means a constant beta_init.
+    """
+    if beta_final is None or anneal_steps <= 0:
+        return float(beta_init)
+    if step >= anneal_steps:
+        return float(beta_final)
+    frac = max(step - 1, 0) / anneal_steps
+    return float(beta_final * frac + beta_init * (1.0 - frac))
+
+
+def zero_variance_fraction(reward: np.ndarray, uids) -> float:
+    """Fraction of prompt groups whose rewards are all equal (TB and GRPO get no reward signal from them)."""
+    by_group: dict = {}
+    for u, r in zip(uids, np.asarray(reward, dtype=float)):
+        by_group.setdefault(u, []).append(r)
+    if not by_group:
+        return 0.0
+    return float(np.mean([np.ptp(v) == 0 for v in by_group.values()]))

@@ -1,0 +1,301 @@
+"""``rollout.name=hfcpu``: a transformers-generation rollout server that speaks verl's vLLM server protocol.
+
+verl 0.9.1 registers only vLLM, SGLang and TensorRT-LLM rollout backends, all GPU builds. This backend
+gives the agent loop what vLLM gives it: token ids, sampled-token log-probs at the rollout temperature
+(log_softmax(logits / T), vLLM's "processed" log-probs), a stop reason and the weight version
+(``global_steps``), and it takes weight updates from the trainer. Concurrent requests are batched: the
+server collects every request that arrives while a batch is generating and runs them together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Generator, Optional
+
+import ray
+import torch
+
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+SERVER_NAME = "tba_hfcpu_server_{replica_rank}"
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    future: asyncio.Future = field(repr=False)
+
+    @property
+    def sampling_key(self) -> tuple:
+        return (self.temperature, self.top_p, self.top_k)
+
+
+def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token_ids: set[int]) -> list[dict]:
+    """Left-pad the prompts, sample with HF ``generate`` and return per-request tokens and log-probs.
+
+    All requests share temperature/top-p/top-k (the caller groups them). Log-probs are those of the
+    sampled token under log_softmax(logits / T) (T = 1 for greedy), which is what verl's trainer
+    recomputes as old_log_prob at the same temperature.
+    """
+    width = max(len(r.prompt_ids) for r in requests)
+    input_ids = torch.full((len(requests), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, r in enumerate(requests):
+        input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+        attention_mask[i, width - len(r.prompt_ids) :] = 1
+    temperature = requests[0].temperature
+    greedy = temperature <= 0
+    kwargs: dict[str, Any] = dict(do_sample=not greedy)
+    if not greedy:
+        kwargs.update(temperature=temperature, top_p=requests[0].top_p, top_k=requests[0].top_k or 0)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max(r.max_tokens for r in requests),
+            pad_token_id=pad_token_id,
+            eos_token_id=sorted(eos_token_ids),
+            output_logits=True,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+    new_tokens = out.sequences[:, width:]
+    logits = torch.stack(out.logits, dim=1).float()  # (B, new, V), raw (unprocessed) logits
+    logprobs = torch.log_softmax(logits / (1.0 if greedy else temperature), dim=-1)
+    token_logprobs = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+    results = []
+    for i, r in enumerate(requests):
+        tokens = new_tokens[i, : r.max_tokens].tolist()
+        stop = "length"
+        for t, tok in enumerate(tokens):
+            if tok in eos_token_ids:
+                tokens, stop = tokens[: t + 1], "completed"
+                break
+        results.append(dict(token_ids=tokens, log_probs=token_logprobs[i, : len(tokens)].tolist(), stop=stop))
+    return results
+
+
+class HFCPUServer:
+    """Ray actor holding one HF model copy; generation batches run in a thread, weight loads wait for them."""
+
+    def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int, max_batch: int = 256):
+        torch.set_num_threads(int(os.environ.get("TBA_EXT_ROLLOUT_THREADS", "1")))
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if not os.path.isdir(model_path):
+            raise FileNotFoundError(f"actor_rollout_ref.model.path: no model directory at {model_path}")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        cfg = AutoConfig.from_pretrained(model_path)
+        gen_cfg = self.model.generation_config
+        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else cfg.eos_token_id
+        self.eos_token_ids = set(eos if isinstance(eos, list) else [eos])
+        self.pad_token_id = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else min(self.eos_token_ids)
+        self.prompt_length, self.response_length = prompt_length, response_length
+        self.max_batch = max_batch
+        self.global_steps: Optional[int] = None
+        self.weight_loads = 0
+        self.pending: list[_Request] = []
+        self.wakeup = asyncio.Event()
+        self.model_lock = asyncio.Lock()
+        self.busy_seconds = 0.0
+        self.batches = 0
+        self.batch_sizes: list[int] = []
+        torch.manual_seed(seed)
+        self.loop_task = None
+
+    def _ensure_loop(self):
+        if self.loop_task is None:
+            self.loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+
+    async def _batch_loop(self):
+        while True:
+            await self.wakeup.wait()
+            await asyncio.sleep(0.01)  # let concurrently issued requests join this batch
+            self.wakeup.clear()
+            while self.pending:
+                key = self.pending[0].sampling_key
+                batch = [r for r in self.pending if r.sampling_key == key][: self.max_batch]
+                self.pending = [r for r in self.pending if not any(r is b for b in batch)]
+                async with self.model_lock:
+                    start = time.perf_counter()
+                    try:
+                        results = await asyncio.to_thread(
+                            generate_batch, self.model, batch, self.pad_token_id, self.eos_token_ids
+                        )
+                    except Exception as exc:  # surface the failure to every waiting request
+                        for r in batch:
+                            r.future.set_exception(exc)
+                        continue
+                    self.busy_seconds += time.perf_counter() - start
+                    self.batches += 1
+                    self.batch_sizes.append(len(batch))
+                    version = self.global_steps
+                for r, res in zip(batch, results):
+                    r.future.set_result((res, version))
+
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, **kwargs
+    ) -> TokenOutput:
+        self._ensure_loop()
+        params = dict(sampling_params)
+        max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", None))
+        budget = self.prompt_length + self.response_length - len(prompt_ids)
+        max_tokens = min(max_tokens or self.response_length, self.response_length, budget)
+        if max_tokens < 1:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room to generate "
+                f"(data.max_prompt_length + data.max_response_length = {self.prompt_length + self.response_length})"
+            )
+        request = _Request(
+            prompt_ids=list(prompt_ids),
+            max_tokens=int(max_tokens),
+            temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            top_k=int(params.get("top_k", -1) or -1) if params.get("top_k", -1) not in (None, -1) else 0,
+            future=asyncio.get_running_loop().create_future(),
+        )
+        self.pending.append(request)
+        self.wakeup.set()
+        res, version = await request.future
+        return TokenOutput(
+            token_ids=res["token_ids"],
+            log_probs=res["log_probs"],
+            stop_reason="completed",
+            extra_fields={"global_steps": version, "finish_reason": res["stop"]},
+        )
+
+    async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int]) -> dict:
+        async with self.model_lock:  # never swap weights under a running batch
+            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+            if unexpected or set(missing) - tied:
+                raise RuntimeError(f"hfcpu weight update does not match the model: missing={missing}, "
+                                   f"unexpected={unexpected}")
+            self.global_steps = global_steps
+            self.weight_loads += 1
+        return {"global_steps": global_steps, "weight_loads": self.weight_loads}
+
+    async def stats(self) -> dict:
+        return dict(
+            global_steps=self.global_steps,
+            weight_loads=self.weight_loads,
+            batches=self.batches,
+            mean_batch_size=(sum(self.batch_sizes) / len(self.batch_sizes)) if self.batch_sizes else 0.0,
+            busy_seconds=self.busy_seconds,
+        )
+
+    async def param_checksum(self) -> float:
+        return float(sum(p.double().abs().sum() for p in self.model.parameters()))
+
+    async def set_global_steps(self, global_steps: int):
+        self.global_steps = global_steps
+
+    # The control surface verl's replicas expose; memory is not released on CPU, and requests run to
+    # completion (no partial rollout), so these are no-ops.
+    async def wake_up(self, *args, **kwargs):
+        return None
+
+    async def sleep(self, *args, **kwargs):
+        return None
+
+    async def clear_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def release_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def resume_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def abort_all_requests(self, *args, **kwargs):
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def abort_request(self, request_id: str, *args, **kwargs):
+        return {"aborted": False, "request_id": request_id}
+
+    async def resume_generation(self, *args, **kwargs):
+        return None
+
+    async def wait_for_requests_to_drain(self, *args, **kwargs):
+        return None
+
+    async def start_profile(self, *args, **kwargs):
+        return None
+
+    async def stop_profile(self, *args, **kwargs):
+        return None
+
+
+class HFCPUReplica(RolloutReplica):
+    """One ``HFCPUServer`` actor per replica (single process; tensor parallel size 1)."""
+
+    async def launch_servers(self):
+        name = SERVER_NAME.format(replica_rank=self.replica_rank) + self.name_suffix
+        server_cls = ray.remote(HFCPUServer)
+        server = server_cls.options(
+            name=name,
+            num_cpus=0,
+            max_concurrency=self.max_concurrency,
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+        ).remote(
+            model_path=self.model_config.local_path,
+            prompt_length=self.config.prompt_length,
+            response_length=self.config.response_length,
+            seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,
+        )
+        await server.stats.remote()  # fail here, with the server's own error, if the model cannot load
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"hfcpu-replica-{self.replica_rank}{self.name_suffix}"
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+
+class HFCPUServerAdapter(BaseRollout):
+    """Lives in the actor worker: forwards the trainer's weights to its replica's server."""
+
+    def __init__(self, config, model_config, device_mesh, replica_rank: int = -1, *args, **kwargs):
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", 0))
+        world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self.is_leader_rank = rank % world == 0
+        self._server = None
+
+    @property
+    def server(self):
+        if self._server is None:
+            self._server = ray.get_actor(SERVER_NAME.format(replica_rank=self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]):
+        return None
+
+    async def release(self):
+        return None
+
+    async def update_weights(
+        self, weights: Generator[tuple[str, torch.Tensor], None, None], wire_format: str = "named_tensors", **kwargs
+    ):
+        if wire_format != "named_tensors":
+            raise ValueError(f"hfcpu rollout takes full named tensors, not {wire_format!r}")
+        # every rank must drain the generator (FSDP gathers are collective); the leader ships the copy
+        state = {}
+        for name, tensor in weights:
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            state[name] = tensor.detach().to("cpu", copy=True)
+        if self.is_leader_rank:
+            await self.server.load_weights.remote(state, kwargs.get("global_steps"))

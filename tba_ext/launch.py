@@ -1,0 +1,111 @@
+"""Compose a tba-ext config, check it before anything starts, and launch verl's own ``main_ppo`` on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from importlib import resources
+
+from omegaconf import OmegaConf
+
+CONFIG_DIR = str(resources.files("tba_ext") / "configs")
+
+
+def compose(config_name: str, overrides: list[str]):
+    """The config verl will see: our overlay on verl's ppo_trainer.yaml, with the overrides applied."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    if not os.path.exists(os.path.join(CONFIG_DIR, f"{config_name}.yaml")) and not os.path.isabs(config_name):
+        raise ValueError(f"unknown config {config_name!r}; tba-ext ships: {', '.join(list_configs())}")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return hydra_compose(config_name=config_name, overrides=overrides)
+
+
+def list_configs() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+
+
+def preflight(cfg) -> None:
+    """Every check that can fail before Ray starts, each naming the key or path at fault."""
+    from tba_ext.core.settings import check_tb_run, parse_settings
+    from tba_ext.cpu.runtime import cpu_runtime_active
+    from tba_ext.models import check_model_dir
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    parse_settings(plain.get("tba"))
+    check_tb_run(plain)
+    check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
+    for key in ("train_files", "val_files"):
+        files = plain["data"][key]
+        for path in [files] if isinstance(files, str) else files:
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"data.{key}: no such file: {path} (build it with `tba-ext prepare-data`)")
+    rollout = plain["actor_rollout_ref"]["rollout"]["name"]
+    if cpu_runtime_active() and rollout != "hfcpu":
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name={rollout} needs a GPU build; on this CPU host use hfcpu "
+            "(or set TBA_EXT_CPU_RUNTIME=off on a GPU machine)"
+        )
+    if cpu_runtime_active() and plain["actor_rollout_ref"]["actor"]["strategy"] != "fsdp2":
+        raise ValueError("actor_rollout_ref.actor.strategy must be fsdp2 on CPU (FSDP1/Megatron need a GPU)")
+
+
+def run_verl(config_name: str, overrides: list[str], log_path: str | None = None, check: bool = True) -> int:
+    """Run ``python -m verl.trainer.main_ppo`` with our config dir; returns its exit code."""
+    cfg = compose(config_name, overrides)
+    preflight(cfg)
+    ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
+    cmd = [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        "--config-path", CONFIG_DIR, "--config-name", config_name,
+        *overrides,
+        f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled")
+    log = open(log_path, "w") if log_path else None
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            for line in proc.stdout:
+                if log:
+                    log.write(line)
+                    log.flush()
+                if _show(line):
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            _terminate(proc)
+            raise
+    finally:
+        if log:
+            log.close()
+    if check and rc != 0:
+        raise RuntimeError(f"verl exited with code {rc}" + (f"; full log: {log_path}" if log_path else ""))
+    return rc
+
+
+def _show(line: str) -> bool:
+    quiet = os.environ.get("TBA_EXT_VERBOSE", "0") != "1"
+    return not quiet or line.startswith(("step:", "Training Progress")) or "Error" in line or "error:" in line
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    """Stop the verl driver and everything it started (its own session), by process group."""
+    import signal
+
+    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return

@@ -1,0 +1,1 @@
+"""Tasks: dataset builders to verl's parquet format and reward functions registered for verl."""
