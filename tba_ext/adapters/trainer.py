@@ -38,6 +38,11 @@ def _copy_actor_into_reference(worker) -> bool:
     return True
 
 
+def _as_list(values) -> list:
+    """TransferQueue returns non-tensor fields as NonTensorStack (``tolist``) or an already-listed sequence."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
 class TBATrainerMixin:
     base_mode: str = ""
 
@@ -67,8 +72,9 @@ class TBATrainerMixin:
     def _compute_advantage(self, batch, metrics: dict):
         if self.config.algorithm.adv_estimator in losses.ESTIMATOR_NAMES:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["rm_scores", "uid"])
-            reward = data["rm_scores"].to_padded_tensor().sum(-1).numpy()
-            metrics["tb/zero_reward_variance_frac"] = tb.zero_variance_fraction(reward, list(data["uid"]))
+            padded = data.to_padded_tensor()  # as verl's own _compute_advantage reads these fields
+            reward = padded["rm_scores"].sum(-1).numpy()
+            metrics["tb/zero_reward_variance_frac"] = tb.zero_variance_fraction(reward, _as_list(padded["uid"]))
         batch = super()._compute_advantage(batch, metrics)
         metrics.update(losses.ESTIMATOR_METRICS)
         if "actor/reward_kl_penalty" in metrics:

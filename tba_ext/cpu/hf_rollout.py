@@ -162,7 +162,7 @@ class HFCPUServer:
             max_tokens=int(max_tokens),
             temperature=float(params.get("temperature", 1.0)),
             top_p=float(params.get("top_p", 1.0)),
-            top_k=int(params.get("top_k", -1) or -1) if params.get("top_k", -1) not in (None, -1) else 0,
+            top_k=max(int(params.get("top_k") or 0), 0),  # verl's -1 / None mean "no top-k"; HF's is 0
             future=asyncio.get_running_loop().create_future(),
         )
         self.pending.append(request)
@@ -249,7 +249,7 @@ class HFCPUReplica(RolloutReplica):
             max_concurrency=self.max_concurrency,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
         ).remote(
-            model_path=self.model_config.local_path,
+            model_path=getattr(self.model_config, "local_path", None) or self.model_config.path,
             prompt_length=self.config.prompt_length,
             response_length=self.config.response_length,
             seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,

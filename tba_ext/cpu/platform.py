@@ -33,8 +33,8 @@ class _CPUDeviceModule(ModuleType):
         return True
 
     @staticmethod
-    def current_device() -> int:
-        return 0
+    def current_device() -> str:
+        return "cpu"
 
     @staticmethod
     def device_count() -> int:
@@ -75,6 +75,26 @@ class _CPUDeviceModule(ModuleType):
 
     manual_seed_all = manual_seed
 
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        return "cpu"
+
+    @staticmethod
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+        return None
+
+    @staticmethod
+    def ipc_collect() -> None:
+        return None
+
 
 CPU_DEVICE_MODULE = _CPUDeviceModule()
 
@@ -101,8 +121,9 @@ class PlatformCPU(PlatformBase):
     def is_platform_available(self, use_smi_check=False) -> bool:
         return cpu_runtime_active()
 
-    def current_device(self) -> int:
-        return 0
+    # verl passes this straight to tensor.to(device=...); an int would mean "accelerator 0"
+    def current_device(self) -> str:
+        return "cpu"
 
     def device_count(self) -> int:
         return 1
