@@ -22,7 +22,9 @@ class BetaSchedule:
 
 @dataclass
 class ReplaySettings:
-    """The TBA replay buffer and its sampler (reference spec section 2; defaults = the paper's GSM8K)."""
+    """The TBA replay buffer and its sampler (reference spec section 2; defaults = the paper's GSM8K).
+
+    Lives in verl's ``trainer.v1.sampler.sampler_kwargs`` (verl's free-form dict for custom samplers)."""
 
     recency_prob: float = 0.95  # m: probability a group comes from the freshest weight versions
     reward_inv_temp: float = 0.0  # softmax(inv_temp * reward) prompt weights; 0 = uniform (GSM8K)
@@ -32,7 +34,7 @@ class ReplaySettings:
     max_staleness: Optional[int] = None  # weight versions; None = no cap
     recency_window: int = 1  # versions counted as "freshest" (k in the decoupled mode)
     max_nonfinite_frac: float = 0.05  # stop the run when more rewards than this are NaN/inf
-    min_fresh_groups: int = 0  # fresh groups per step taken straight from generation before replaying
+    min_fresh_groups: int = 0  # finished fresh groups to wait for before each sample; 0 = the batch size
     seed: int = 0
 
 
@@ -40,7 +42,6 @@ class ReplaySettings:
 class TBASettings:
     beta: BetaSchedule = field(default_factory=BetaSchedule)
     ref_reset_every: int = 0  # rho: copy the policy into the reference every rho steps (TBA'); 0 = never
-    replay: ReplaySettings = field(default_factory=ReplaySettings)
 
 
 def _build(cls, node: Mapping[str, Any] | None, prefix: str):
@@ -51,25 +52,34 @@ def _build(cls, node: Mapping[str, Any] | None, prefix: str):
         raise ValueError(f"unknown key(s) {', '.join(prefix + k for k in unknown)}; known: {sorted(known)}")
     kwargs = {}
     for name, value in node.items():
-        sub = {"beta": BetaSchedule, "replay": ReplaySettings}.get(name) if cls is TBASettings else None
+        sub = {"beta": BetaSchedule}.get(name) if cls is TBASettings else None
         kwargs[name] = _build(sub, value, f"{prefix}{name}.") if sub else value
     return cls(**kwargs)
+
+
+def parse_replay_settings(node: Mapping[str, Any] | None, prefix: str) -> ReplaySettings:
+    """ReplaySettings from a dict (verl's ``trainer.v1.sampler.sampler_kwargs``), with range checks."""
+    r = _build(ReplaySettings, node, prefix)
+    checks = [
+        (0.0 <= r.recency_prob <= 1.0, "recency_prob must be in [0, 1]", r.recency_prob),
+        (0.0 <= r.reward_mix <= 1.0, "reward_mix must be in [0, 1]", r.reward_mix),
+        (r.per_prompt_capacity > 0, "per_prompt_capacity must be > 0", r.per_prompt_capacity),
+        (r.capacity > 0, "capacity must be > 0", r.capacity),
+        (r.max_staleness is None or r.max_staleness >= 0, "max_staleness must be >= 0 or null", r.max_staleness),
+        (r.recency_window >= 1, "recency_window must be >= 1", r.recency_window),
+        (0.0 <= r.max_nonfinite_frac <= 1.0, "max_nonfinite_frac must be in [0, 1]", r.max_nonfinite_frac),
+        (r.min_fresh_groups >= 0, "min_fresh_groups must be >= 0", r.min_fresh_groups),
+    ]
+    for ok, message, value in checks:
+        if not ok:
+            raise ValueError(f"{prefix}{message}, got {value}")
+    return r
 
 
 def parse_settings(node: Mapping[str, Any] | None) -> TBASettings:
     """Build TBASettings from the ``tba:`` node (a dict), refusing unknown keys and out-of-range values."""
     settings = _build(TBASettings, node, "tba.")
-    r = settings.replay
     checks = [
-        (0.0 <= r.recency_prob <= 1.0, "tba.replay.recency_prob must be in [0, 1]", r.recency_prob),
-        (0.0 <= r.reward_mix <= 1.0, "tba.replay.reward_mix must be in [0, 1]", r.reward_mix),
-        (r.per_prompt_capacity > 0, "tba.replay.per_prompt_capacity must be > 0", r.per_prompt_capacity),
-        (r.capacity > 0, "tba.replay.capacity must be > 0", r.capacity),
-        (r.max_staleness is None or r.max_staleness >= 0, "tba.replay.max_staleness must be >= 0 or null",
-         r.max_staleness),
-        (r.recency_window >= 1, "tba.replay.recency_window must be >= 1", r.recency_window),
-        (0.0 <= r.max_nonfinite_frac <= 1.0, "tba.replay.max_nonfinite_frac must be in [0, 1]",
-         r.max_nonfinite_frac),
         (settings.ref_reset_every >= 0, "tba.ref_reset_every must be >= 0", settings.ref_reset_every),
         (settings.beta.anneal_steps >= 0, "tba.beta.anneal_steps must be >= 0", settings.beta.anneal_steps),
         (settings.beta.final is None or settings.beta.final > 0, "tba.beta.final must be > 0 or null",

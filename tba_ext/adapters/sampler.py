@@ -1,0 +1,171 @@
+"""TBA's replay buffer inside verl's V1 trainer: ``trainer.v1.sampler.custom_sampler``.
+
+    trainer.v1.sampler.custom_sampler.path=pkg://tba_ext.adapters.sampler
+    trainer.v1.sampler.custom_sampler.name=TBAReplaySampler
+    +trainer.v1.sampler.sampler_kwargs.recency_prob=0.95  (any ReplaySettings field)
+
+verl deletes every trajectory it trains on (trainer_base.py:511). Each ``sample`` call therefore:
+1. waits, with verl's own machinery, until enough freshly generated groups are finished;
+2. copies every finished group out of TransferQueue into the ``TrajectoryStore`` and clears it there;
+3. draws B groups of K with ``ReplaySampler`` and writes them back under fresh ``{uid}_{session}_{idx}`` keys,
+   one new uid per group, so verl recomputes old and reference log-probs for the current policy.
+Validation batches bypass the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections import defaultdict
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from omegaconf import OmegaConf
+
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+from verl.utils.transferqueue_utils import KVBatchMeta
+
+from tba_ext.core.replay import (
+    ReplaySampler,
+    Trajectory,
+    TrajectoryStore,
+    load_checked,
+    save_atomic,
+    staleness_summary,
+)
+from tba_ext.core.settings import parse_replay_settings
+
+logger = logging.getLogger(__name__)
+
+
+def row_dicts(td) -> list[dict]:
+    """Split a TransferQueue TensorDict into per-trajectory dicts (the inverse of verl's
+    ``list_of_dict_to_tensordict``, which is how the agent loop wrote them)."""
+    n = td.batch_size[0]
+    columns = {}
+    for key in td.keys():
+        value = td.get(key)
+        if isinstance(value, torch.Tensor):
+            columns[key] = [t.clone() for t in value.unbind(0)]
+        elif hasattr(value, "tolist") and getattr(value, "shape", None):
+            columns[key] = list(value.tolist())
+        else:
+            data = getattr(value, "data", value)
+            columns[key] = list(data) if isinstance(data, list) and len(data) == n else [data] * n
+    return [{key: col[i] for key, col in columns.items()} for i in range(n)]
+
+
+def prompt_identity(row: dict) -> str:
+    """Stable identity of a prompt across generations (verl's uid is new each time a prompt is drawn)."""
+    return hashlib.sha1(np.asarray(row["prompts"], dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
+class TBAReplaySampler(ReplayBufferAsync):
+    """A verl ``ReplayBuffer`` that keeps, replays and persists trajectories by TBA's sampling rule."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.poll_interval = 0.2  # verl's 2 s default quantises generation time on small runs
+        kwargs_node = kwargs.get("sampler_kwargs") or {}
+        if not isinstance(kwargs_node, dict):
+            kwargs_node = OmegaConf.to_container(kwargs_node, resolve=True)
+        self.settings = parse_replay_settings(kwargs_node, "trainer.v1.sampler.sampler_kwargs.")
+        self.store = TrajectoryStore(self.settings.per_prompt_capacity, self.settings.capacity)
+        self.sampler = ReplaySampler(self.store, self.settings)
+        self.group_size = 0
+        self.sampled_rewards: list[float] = []
+
+    # -- ingestion -------------------------------------------------------------------------------------
+    def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
+        keys = [k for k in self.partitions[partition_id] if k.split("_")[0] in prompt_uids]
+        if not keys:
+            tq.kv_clear(partition_id=partition_id, keys=list(prompt_uids))
+            return {"ingested": 0}
+        tags = [self.partitions[partition_id][k] for k in keys]
+        rows = row_dicts(tq.kv_batch_get(keys=keys, partition_id=partition_id))
+        tq.kv_clear(partition_id=partition_id, keys=[*prompt_uids, *keys])
+        sizes = defaultdict(int)
+        before = self.store.stats.rejected_nonfinite
+        for key, tag, row in zip(keys, tags, rows):
+            sizes[key.split("_")[0]] += 1
+            reward = float(torch.as_tensor(row["rm_scores"]).float().sum())
+            version = tag.get("min_global_steps")
+            version = int(version if version is not None else tag.get("global_steps", 0))
+            self.store.add(Trajectory(
+                prompt_key=prompt_identity(row),
+                response_key=tuple(torch.as_tensor(row["responses"]).tolist()),
+                reward=reward,
+                version=version,
+                payload={"row": row, "tag": dict(tag)},
+            ))
+        self.group_size = max(self.group_size, max(sizes.values()))
+        self._check_nonfinite()
+        return {"ingested": len(keys), "rejected": self.store.stats.rejected_nonfinite - before}
+
+    def _check_nonfinite(self) -> None:
+        stats = self.store.stats
+        if stats.seen and stats.rejected_nonfinite / stats.seen > self.settings.max_nonfinite_frac:
+            raise RuntimeError(
+                f"{stats.rejected_nonfinite} of {stats.seen} rewards were NaN/inf (more than "
+                f"trainer.v1.sampler.sampler_kwargs.max_nonfinite_frac={self.settings.max_nonfinite_frac}); "
+                "check the reward function"
+            )
+
+    # -- sampling --------------------------------------------------------------------------------------
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        if partition_id != "train":
+            return super().sample(global_steps, partition_id, batch_size)
+        need = self.settings.min_fresh_groups or batch_size
+        sampleable, metrics = self.wait_for_sampleable(global_steps, partition_id, need)
+        ingest = self._ingest(partition_id, set(sampleable))
+        # the policy being trained at step s carries weight version s - 1 (weights sync at step end)
+        current_version = global_steps - 1
+        groups = self.sampler.sample_groups(batch_size, self.group_size, current_version)
+        keys, tags, rows = [], [], []
+        for group in groups:
+            uid = uuid.uuid4().hex
+            for idx, traj in enumerate(group.trajectories):
+                row = dict(traj.payload["row"], uid=uid)
+                keys.append(f"{uid}_{idx}_0")
+                tags.append(dict(traj.payload["tag"]))
+                rows.append(row)
+        tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
+        metrics.update(self._metrics(groups, current_version, ingest))
+        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+
+    def _metrics(self, groups, current_version: int, ingest: dict) -> dict:
+        summary = staleness_summary(groups, current_version)
+        stale = np.array([current_version - t.version for g in groups for t in g.trajectories])
+        sampled = [t.reward for g in groups for t in g.trajectories]
+        stored = [t.reward for b in self.store.prompts.values() for t in b.values()]
+        stats = self.store.stats
+        metrics = {
+            "replay/fraction": summary["replay_fraction"],
+            "replay/staleness_mean": summary["staleness_mean"],
+            "replay/staleness_max": summary["staleness_max"],
+            "replay/store_trajectories": len(self.store),
+            "replay/store_prompts": len(self.store.prompts),
+            "replay/reward_sampled_mean": float(np.mean(sampled)),
+            "replay/reward_stored_mean": float(np.mean(stored)) if stored else 0.0,
+            "replay/dedup_hits": stats.dedup_hits,
+            "replay/evictions": stats.evicted,
+            "replay/rejected_nonfinite": stats.rejected_nonfinite,
+            "replay/ingested": ingest["ingested"],
+        }
+        for s in range(0, 4):
+            metrics[f"replay/staleness_hist/{s}"] = float((stale == s).mean())
+        metrics["replay/staleness_hist/4+"] = float((stale >= 4).mean())
+        return metrics
+
+    # -- persistence (called by the tba_* trainer modes next to verl's checkpoint) ----------------------
+    def save_store(self, path: str) -> None:
+        save_atomic({"sampler": self.sampler.state_dict(), "group_size": self.group_size}, path)
+
+    def load_store(self, path: str) -> None:
+        state = load_checked(path)
+        self.sampler.load_state_dict(state["sampler"])
+        self.group_size = state["group_size"]
+        logger.info("tba: restored %d trajectories from %s", len(self.store), path)
