@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from importlib import resources
 
 from omegaconf import OmegaConf
@@ -53,8 +54,12 @@ def preflight(cfg) -> None:
         raise ValueError("actor_rollout_ref.actor.strategy must be fsdp2 on CPU (FSDP1/Megatron need a GPU)")
 
 
-def run_verl(config_name: str, overrides: list[str], log_path: str | None = None, check: bool = True) -> int:
-    """Run ``python -m verl.trainer.main_ppo`` with our config dir; returns its exit code."""
+def run_verl(config_name: str, overrides: list[str], log_path: str | None = None, check: bool = True,
+             metrics_path: str | None = None, extra_env: dict | None = None) -> int:
+    """Run ``python -m verl.trainer.main_ppo`` with our config dir; returns its exit code.
+
+    ``metrics_path``: verl's own file logger writes every step's metrics there as JSONL.
+    """
     cfg = compose(config_name, overrides)
     preflight(cfg)
     ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
@@ -66,7 +71,12 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled")
+               TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled", **(extra_env or {}))
+    if metrics_path:
+        env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
+        cmd.append("trainer.logger=[console,file]")
+    total = int(cfg.trainer.total_training_steps or 0)
+    progress = _Progress(total)
     log = open(log_path, "w") if log_path else None
     try:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -76,8 +86,11 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
                 if log:
                     log.write(line)
                     log.flush()
-                if _show(line):
-                    sys.stdout.write(line)
+                shown = progress.line(line) if not _verbose() else line
+                if shown is None and ("Error" in line or "error:" in line):
+                    shown = line
+                if shown:
+                    sys.stdout.write(shown)
                     sys.stdout.flush()
             rc = proc.wait()
         except KeyboardInterrupt:
@@ -91,9 +104,36 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     return rc
 
 
-def _show(line: str) -> bool:
-    quiet = os.environ.get("TBA_EXT_VERBOSE", "0") != "1"
-    return not quiet or line.startswith(("step:", "Training Progress")) or "Error" in line or "error:" in line
+def _verbose() -> bool:
+    return os.environ.get("TBA_EXT_VERBOSE", "0") == "1"
+
+
+class _Progress:
+    """Turns verl's long ``step:N - key:value - ...`` console lines into one short progress line each."""
+
+    KEYS = (("critic/score/mean", "reward"), ("actor/pg_loss", "loss"), ("tb/beta", "beta"),
+            ("replay/fraction", "replay"), ("replay/staleness_mean", "staleness"))
+
+    def __init__(self, total: int):
+        self.total, self.start = total, time.time()
+
+    def line(self, raw: str) -> str | None:
+        text = raw.split("\x1b[0m", 1)[-1].strip()
+        if not text.startswith("step:"):
+            return None
+        fields = dict(part.split(":", 1) for part in text.split(" - ") if ":" in part)
+        step = int(fields.get("step", "0"))
+        elapsed = time.time() - self.start
+        parts = [f"step {step}/{self.total}"]
+        for key, label in self.KEYS:
+            if key in fields:
+                try:
+                    parts.append(f"{label} {float(fields[key]):.4g}")
+                except ValueError:
+                    pass
+        if step and self.total:
+            parts.append(f"elapsed {elapsed:.0f}s, ETA {elapsed / step * (self.total - step):.0f}s")
+        return "  " + " | ".join(parts) + "\n"
 
 
 def _terminate(proc: subprocess.Popen) -> None:

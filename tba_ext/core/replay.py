@@ -29,6 +29,7 @@ import torch
 from tba_ext.core.settings import ReplaySettings
 
 FORMAT_VERSION = 1
+FILE_FORMAT = "tba-ext-replay"
 
 
 @dataclass
@@ -142,7 +143,7 @@ def save_atomic(state: dict, path: str) -> None:
     """Write ``state`` with torch.save to a temporary file, fsync, then rename over ``path``: a crash at
     any point leaves either the old file or the new one, never a torn file."""
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save({"format": FILE_FORMAT, "format_version": FORMAT_VERSION, "state": state}, buffer)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(buffer.getvalue())
@@ -157,9 +158,12 @@ def load_checked(path: str) -> dict:
         state = torch.load(path, weights_only=False)
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {exc}") from exc
-    if not isinstance(state, dict) or "trajectories" not in state:
+    if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
         raise ValueError(f"replay store checkpoint {path} is not a tba-ext replay store")
-    return state
+    if state.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"replay store checkpoint {path} has format version {state.get('format_version')}, "
+                         f"this tba-ext reads {FORMAT_VERSION}")
+    return state["state"]
 
 
 def _mixed_probs(rewards: np.ndarray, inv_temp: float, reward_mix: float) -> np.ndarray:

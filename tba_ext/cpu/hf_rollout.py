@@ -10,6 +10,7 @@ server collects every request that arrives while a batch is generating and runs 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -184,6 +185,10 @@ class HFCPUServer:
                                    f"unexpected={unexpected}")
             self.global_steps = global_steps
             self.weight_loads += 1
+            trace = os.environ.get("TBA_EXT_ROLLOUT_TRACE")
+            if trace:  # lets tests see, from outside Ray, which weights the rollout really serves
+                with open(trace, "a") as f:
+                    f.write(json.dumps({"global_steps": global_steps, "checksum": self._checksum()}) + "\n")
         return {"global_steps": global_steps, "weight_loads": self.weight_loads}
 
     async def stats(self) -> dict:
@@ -195,7 +200,7 @@ class HFCPUServer:
             busy_seconds=self.busy_seconds,
         )
 
-    async def param_checksum(self) -> float:
+    def _checksum(self) -> float:
         return float(sum(p.double().abs().sum() for p in self.model.parameters()))
 
     async def set_global_steps(self, global_steps: int):

@@ -1,0 +1,25 @@
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A tiny offline model, the arith data and a short supervised warm start: shared by the tests."""
+    from tba_ext.models import ModelSpec, make_model
+    from tba_ext.tasks.data import corpus_for, write_task
+    from tba_ext.warmstart import warm_start
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    make_model(str(root / "model_init"), corpus_for("arith", 0), ModelSpec(size="tiny", seed=0))
+    write_task("arith", str(root / "data"), train_size=256, test_size=32, seed=0)
+    warm_start(str(root / "model_init"), str(root / "data" / "train.parquet"), str(root / "model"), steps=150,
+               log_every=0)
+    return root

@@ -1,0 +1,106 @@
+"""The offline model factory and the hfcpu rollout server (without Ray: the server object itself)."""
+
+import asyncio
+import json
+import os
+
+import pytest
+import torch
+
+from tba_ext.models import ModelSpec, check_model_dir, make_model
+
+
+def test_make_model_is_deterministic_and_qwen_chat_ready(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    texts = ["user\n1+2=? Answer with the number only.\nassistant\n3\n"] * 50
+    a = make_model(str(tmp_path / "a"), texts, ModelSpec(size="tiny", seed=3))
+    b = make_model(str(tmp_path / "b"), texts, ModelSpec(size="tiny", seed=3))
+    assert a == b and a["parameters"] > 0
+    ma = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    mb = AutoModelForCausalLM.from_pretrained(tmp_path / "b")
+    assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values()))
+    assert ma.config.model_type == "qwen2"
+    tok = AutoTokenizer.from_pretrained(tmp_path / "a")
+    assert len(tok("\n", add_special_tokens=False)["input_ids"]) == 1  # verl's Qwen chat handling needs this
+    text = tok.apply_chat_template([{"role": "user", "content": "1+2=?"}], add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n")
+    assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_model_dir_checks_name_the_key(tmp_path):
+    with pytest.raises(FileNotFoundError, match="actor_rollout_ref.model.path"):
+        check_model_dir(str(tmp_path / "missing"))
+    texts = ["abc 123\n"] * 20
+    make_model(str(tmp_path / "m"), texts, ModelSpec(size="tiny", vocab_size=400))
+    make_model(str(tmp_path / "big_vocab"), texts * 50 + [" ".join(str(i) for i in range(3000))],
+               ModelSpec(size="tiny", vocab_size=2000))
+    # a tokenizer that does not belong to the model
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(tmp_path / "big_vocab").save_pretrained(tmp_path / "m")
+    with pytest.raises(ValueError, match="do not belong together"):
+        check_model_dir(str(tmp_path / "m"))
+
+
+@pytest.fixture()
+def server(tiny_run):
+    from tba_ext.cpu.hf_rollout import HFCPUServer
+
+    return HFCPUServer(str(tiny_run / "model"), prompt_length=32, response_length=8, seed=0)
+
+
+def prompt_ids(tiny_run, question="3+4=? Answer with the number only."):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_run / "model")
+    return tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False)
+
+
+def test_server_batches_concurrent_requests_and_logprobs_match_a_forward_pass(tiny_run, server):
+    ids = list(prompt_ids(tiny_run))
+    temperature = 0.7
+
+    async def run():
+        params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
+        outs = await asyncio.gather(*[server.generate(ids, dict(params), f"r{i}") for i in range(12)])
+        return outs, await server.stats()
+
+    outs, stats = asyncio.run(run())
+    assert stats["batches"] < 12 and stats["mean_batch_size"] > 1  # not one request at a time
+    model = server.model
+    for out in outs[:4]:
+        seq = torch.tensor([ids + out.token_ids])
+        with torch.no_grad():
+            logits = model(seq).logits[0, len(ids) - 1 : -1] / temperature
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
+        assert out.stop_reason == "completed"
+
+
+def test_weight_update_changes_generation_and_version(tiny_run, server, tmp_path, monkeypatch):
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("TBA_EXT_ROLLOUT_TRACE", str(trace))
+    ids = list(prompt_ids(tiny_run))
+    greedy = {"temperature": 0.0, "logprobs": True}
+
+    async def run():
+        before = await server.generate(ids, dict(greedy), "a")
+        state = {k: torch.randn_like(v) for k, v in server.model.state_dict().items()}
+        await server.load_weights(state, global_steps=7)
+        after = await server.generate(ids, dict(greedy), "b")
+        return before, after
+
+    before, after = asyncio.run(run())
+    assert before.extra_fields["global_steps"] is None and after.extra_fields["global_steps"] == 7
+    assert before.log_probs != after.log_probs
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert lines[-1]["global_steps"] == 7
+
+
+def test_server_refuses_a_missing_model_dir(tmp_path):
+    from tba_ext.cpu.hf_rollout import HFCPUServer
+
+    with pytest.raises(FileNotFoundError, match="actor_rollout_ref.model.path"):
+        HFCPUServer(str(tmp_path / "nope"), 32, 8, 0)

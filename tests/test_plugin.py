@@ -1,0 +1,81 @@
+"""tba-ext registers itself with verl in every process, and says so loudly when it does not."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+
+def test_registrations_visible_inside_a_ray_worker():
+    import ray
+
+    from tba_ext.doctor import expected_registrations
+
+    tmp = tempfile.mkdtemp(prefix="tba_ray_t_", dir="/tmp")
+    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=100_000_000, _temp_dir=tmp,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    try:
+        @ray.remote
+        def registries_in_worker():
+            from tba_ext.doctor import registered_in_verl  # reads verl's registries only
+
+            return os.getpid(), registered_in_verl()
+
+        pid, present = ray.get(registries_in_worker.remote())
+    finally:
+        ray.shutdown()
+    assert pid != os.getpid()
+    for kind, names in expected_registrations().items():
+        assert set(names) <= set(present[kind]), kind
+
+
+def run_doctor(**env):
+    return subprocess.run([sys.executable, "-m", "tba_ext.cli", "doctor"], capture_output=True, text=True,
+                          env=dict(os.environ, **env), timeout=300)
+
+
+def test_doctor_exits_zero_on_a_good_install():
+    result = run_doctor()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tb, tb_pg" in result.stdout and "MISSING" not in result.stdout
+    assert "platform: cpu" in result.stdout
+
+
+def test_doctor_fails_when_the_plugin_did_not_load():
+    result = run_doctor(VERL_USE_EXTERNAL_PLUGINS="none")  # verl skips entry points, as after a broken install
+    assert result.returncode != 0
+    assert "MISSING" in result.stdout and "NOT fully registered" in result.stdout
+
+
+def test_cpu_runtime_override(monkeypatch):
+    from tba_ext.cpu.runtime import cpu_runtime_active
+
+    monkeypatch.setenv("TBA_EXT_CPU_RUNTIME", "off")
+    assert not cpu_runtime_active()
+    monkeypatch.setenv("TBA_EXT_CPU_RUNTIME", "on")
+    assert cpu_runtime_active()
+    monkeypatch.setenv("TBA_EXT_CPU_RUNTIME", "maybe")
+    with pytest.raises(ValueError, match="TBA_EXT_CPU_RUNTIME"):
+        cpu_runtime_active()
+
+
+def test_row_dicts_round_trip_verl_tensordict():
+    import torch
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from tba_ext.adapters.sampler import row_dicts
+
+    rows = [
+        {"responses": torch.tensor([1, 2, 3][: n + 1]), "rm_scores": torch.tensor([0.0] * n + [1.0]),
+         "uid": f"u{n}", "extra_fields": {"k": n}, "fixed": torch.tensor([n, n])}
+        for n in range(3)
+    ]
+    back = row_dicts(list_of_dict_to_tensordict(rows))
+    assert [r["uid"] for r in back] == ["u0", "u1", "u2"]
+    assert [r["extra_fields"] for r in back] == [{"k": 0}, {"k": 1}, {"k": 2}]
+    for a, b in zip(rows, back):
+        assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["fixed"], b["fixed"])
+    again = row_dicts(list_of_dict_to_tensordict(back))
+    assert all(torch.equal(x["rm_scores"], y["rm_scores"]) for x, y in zip(back, again))

@@ -1,0 +1,67 @@
+"""Start-up refusals: each bad TB setting is refused with a message naming the config key."""
+
+import copy
+
+import pytest
+
+from tba_ext.core.settings import check_tb_run, parse_settings
+from tba_ext.launch import compose
+
+
+@pytest.fixture(scope="module")
+def tb_config():
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose("cpu_tb", ["run_dir=/nonexistent"]), resolve=True)
+
+
+def with_change(cfg, dotted, value):
+    cfg = copy.deepcopy(cfg)
+    node = cfg
+    *path, last = dotted.split(".")
+    for key in path:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return cfg
+
+
+def test_shipped_tb_config_passes(tb_config):
+    check_tb_run(tb_config)
+    parse_settings(tb_config.get("tba"))
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("algorithm.kl_ctrl.kl_coef", 0.0, "algorithm.kl_ctrl.kl_coef"),
+        ("algorithm.kl_ctrl.kl_coef", -0.1, "algorithm.kl_ctrl.kl_coef"),
+        ("actor_rollout_ref.rollout.n", 1, "actor_rollout_ref.rollout.n"),
+        ("algorithm.rollout_correction.bypass_mode", True, "bypass_mode"),
+        ("algorithm.use_kl_in_reward", False, "algorithm.use_kl_in_reward"),
+        ("algorithm.kl_penalty", "low_var_kl", "algorithm.kl_penalty"),
+        ("algorithm.kl_ctrl.type", "adaptive", "algorithm.kl_ctrl.type"),
+        ("actor_rollout_ref.actor.use_kl_loss", True, "use_kl_loss"),
+        ("algorithm.adv_estimator", "grpo", "algorithm.adv_estimator"),
+    ],
+)
+def test_bad_tb_settings_are_refused(tb_config, key, value, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        check_tb_run(with_change(tb_config, key, value))
+
+
+@pytest.mark.parametrize(
+    "node,message",
+    [
+        ({"beta": {"final": 0.0}}, "tba.beta.final"),
+        ({"ref_reset_every": -1}, "tba.ref_reset_every"),
+        ({"beta_final": 0.1}, "tba.beta_final"),
+    ],
+)
+def test_bad_tba_node_is_refused(node, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        parse_settings(node)
+
+
+def test_unknown_config_name_is_refused():
+    with pytest.raises(ValueError, match="unknown config"):
+        compose("cpu_nope", [])

@@ -1,0 +1,207 @@
+"""The TB equations: the registered verl loss/estimator against a direct implementation of eq. 5."""
+
+import numpy as np
+import pytest
+import torch
+
+import verl  # noqa: F401  (loads the tba_ext plugin through its entry point)
+from omegaconf import OmegaConf
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+
+from tba_ext.core import tb
+
+
+def direct_eq5(policy_tok, ref_tok, mask, reward, groups, beta, log_z=None):
+    """Eq. 5 written out plainly: per group, log Z = -mean(delta) (detached), loss = mean (log Z + delta)^2."""
+    seq = lambda x: (x * mask).sum(-1)  # noqa: E731
+    delta = seq(policy_tok) - seq(ref_tok) - reward / beta
+    losses = []
+    for g in groups.unique():
+        d = delta[groups == g]
+        lz = -d.mean().detach() if log_z is None else log_z[int(g)]
+        losses.append(((lz + d) ** 2))
+    return torch.cat(losses).mean()
+
+
+def make_batch(n_groups, k, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    b = n_groups * k
+    ref = -torch.rand(b, length, generator=g) * 2
+    old = ref + 0.3 * torch.randn(b, length, generator=g)
+    mask = torch.zeros(b, length)
+    lengths = torch.randint(1, length + 1, (b,), generator=g)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    reward = torch.randint(0, 2, (b,), generator=g).float() + 0.1 * torch.randn(b, generator=g)
+    perm = torch.randperm(b, generator=g)  # groups interleaved, as verl's balanced batches are
+    uids = np.array([f"p{i // k}" for i in range(b)], dtype=object)[perm.numpy()]
+    return old, ref, mask, reward, uids
+
+
+def algo_config(beta):
+    return OmegaConf.create({"kl_ctrl": {"kl_coef": beta, "type": "fixed"}, "adv_estimator": "tb"})
+
+
+class LossConfig:
+    """The attributes verl's ppo_loss hands a policy loss (an ActorConfig), for one micro-batch."""
+
+    def __init__(self, global_batch_size, dp_size=1, loss_scale=1.0):
+        self.global_batch_info = {"dp_size": dp_size, "global_batch_size": global_batch_size,
+                                  "batch_num_tokens": None, "loss_scale_factor": None}
+        self.policy_loss = OmegaConf.create({"loss_scale": loss_scale, "is_ratio_max": 8.0})
+
+
+def tb_advantages(old, ref, mask, reward, uids, beta):
+    """Run verl's KL-in-reward construction and the registered tb estimator."""
+    token_rewards = -beta * (old - ref) * mask  # apply_kl_penalty with kl_penalty=kl
+    last = mask.sum(-1).long() - 1
+    token_rewards[torch.arange(len(reward)), last] += reward  # score on the last response token
+    adv, _ = get_adv_estimator_fn("tb")(token_level_rewards=token_rewards, response_mask=mask, index=uids,
+                                        config=algo_config(beta))
+    return adv
+
+
+@pytest.mark.parametrize("n_groups,k,length,beta", [(3, 5, 7, 0.05), (2, 2, 3, 0.004), (4, 8, 12, 1.0)])
+def test_tb_loss_equals_eq5_at_old_policy(n_groups, k, length, beta):
+    old, ref, mask, reward, uids = make_batch(n_groups, k, length, seed=n_groups * 100 + k)
+    adv = tb_advantages(old, ref, mask, reward, uids, beta)
+    theta = old.clone().requires_grad_(True)
+    ours, _ = get_policy_loss_fn("tb")(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
+                                      loss_agg_mode="token-mean", config=LossConfig(len(reward)))
+    (g_ours,) = torch.autograd.grad(ours, theta)
+    theta2 = old.clone().requires_grad_(True)
+    groups = tb.group_ids(uids)
+    ref_loss = direct_eq5(theta2, ref, mask, reward, groups, beta)
+    (g_ref,) = torch.autograd.grad(ref_loss, theta2)
+    assert torch.allclose(ours, ref_loss, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(g_ours, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_tb_loss_after_parameter_change_is_eq5_with_step_start_log_z():
+    beta = 0.05
+    old, ref, mask, reward, uids = make_batch(3, 5, 6, seed=7)
+    adv = tb_advantages(old, ref, mask, reward, uids, beta)
+    theta = (old + 0.2 * torch.randn_like(old)).requires_grad_(True)  # a later mini-batch within the step
+    ours, _ = get_policy_loss_fn("tb")(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
+                                      loss_agg_mode="token-mean", config=LossConfig(len(reward)))
+    (g_ours,) = torch.autograd.grad(ours, theta)
+    groups = tb.group_ids(uids)
+    seq = lambda x: (x * mask).sum(-1)  # noqa: E731
+    delta_old = seq(old) - seq(ref) - reward / beta
+    log_z_old = {int(g): -delta_old[groups == g].mean() for g in groups.unique()}
+    theta2 = theta.detach().clone().requires_grad_(True)
+    ref_loss = direct_eq5(theta2, ref, mask, reward, groups, beta, log_z=log_z_old)
+    (g_ref,) = torch.autograd.grad(ref_loss, theta2)
+    assert torch.allclose(ours, ref_loss, rtol=1e-5)
+    assert torch.allclose(g_ours, g_ref, rtol=1e-5, atol=1e-6)
+    # and it differs from re-estimating log Z at theta (the statement is precise, not vacuous)
+    reestimated = direct_eq5(theta2.detach(), ref, mask, reward, groups, beta)
+    assert not torch.allclose(ours.detach(), reestimated, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dp_size", [1, 2])
+def test_gradient_invariant_to_micro_batching_and_dp(dp_size):
+    beta = 0.1
+    old, ref, mask, reward, uids = make_batch(4, 4, 5, seed=3)
+    adv = tb_advantages(old, ref, mask, reward, uids, beta)
+    loss_fn = get_policy_loss_fn("tb")
+    theta = (old + 0.05).requires_grad_(True)
+    full, _ = loss_fn(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
+                      loss_agg_mode="token-mean", config=LossConfig(len(reward)))
+    (g_full,) = torch.autograd.grad(full, theta)
+    # split the batch into dp ranks x micro-batches that cut through groups; DDP averages rank gradients
+    theta2 = (old + 0.05).requires_grad_(True)
+    ranks = torch.arange(len(reward)).chunk(dp_size)
+    total = 0
+    for rank_idx in ranks:
+        for mb in rank_idx.chunk(3):
+            loss, _ = loss_fn(old_log_prob=old[mb], log_prob=theta2[mb], advantages=adv[mb],
+                              response_mask=mask[mb].bool(), loss_agg_mode="token-mean",
+                              config=LossConfig(len(reward), dp_size=dp_size))
+            total = total + loss / dp_size
+    (g_split,) = torch.autograd.grad(total, theta2)
+    assert torch.allclose(g_full, g_split, rtol=1e-5, atol=1e-7)
+
+
+def test_on_policy_gradient_is_mean_baseline_reinforce_on_kl_regularised_reward():
+    """Paper App. A: at theta = old, grad L = -(2 / (N beta)) sum_ij A_ij grad l_theta(y_ij),
+    A_ij = (r - r_bar) - beta (KL - KL_bar): REINFORCE with a group-mean baseline."""
+    beta = 0.2
+    old, ref, mask, reward, uids = make_batch(3, 4, 6, seed=11)
+    adv = tb_advantages(old, ref, mask, reward, uids, beta)
+    theta = old.clone().requires_grad_(True)
+    loss, _ = get_policy_loss_fn("tb")(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
+                                      loss_agg_mode="token-mean", config=LossConfig(len(reward)))
+    (g_tb,) = torch.autograd.grad(loss, theta)
+    groups = tb.group_ids(uids)
+    kl = ((old - ref) * mask).sum(-1)
+    regularised = reward - beta * kl
+    a = regularised - torch.stack([regularised[groups == g].mean() for g in groups])
+    theta2 = old.clone().requires_grad_(True)
+    surrogate = -(2.0 / (len(reward) * beta)) * (a.detach() * (theta2 * mask).sum(-1)).sum()
+    (g_reinforce,) = torch.autograd.grad(surrogate, theta2)
+    assert torch.allclose(g_tb, g_reinforce, rtol=1e-5, atol=1e-6)
+
+
+def test_tb_pg_advantage_is_beta_times_tb_advantage_and_ratio_is_clamped():
+    beta = 0.05
+    old, ref, mask, reward, uids = make_batch(2, 4, 5, seed=5)
+    adv_tb = tb_advantages(old, ref, mask, reward, uids, beta)
+    token_rewards = -beta * (old - ref) * mask
+    token_rewards[torch.arange(len(reward)), mask.sum(-1).long() - 1] += reward
+    adv_pg, _ = get_adv_estimator_fn("tb_pg")(token_level_rewards=token_rewards, response_mask=mask, index=uids,
+                                             config=algo_config(beta))
+    assert torch.allclose(adv_pg, beta * adv_tb, atol=1e-6)
+    theta = (old + 5.0 * mask).requires_grad_(True)  # ratios e^5 > 8 everywhere
+    loss, metrics = get_policy_loss_fn("tb_pg")(old_log_prob=old, log_prob=theta, advantages=adv_pg,
+                                               response_mask=mask.bool(), loss_agg_mode="seq-mean-token-sum",
+                                               config=LossConfig(len(reward)))
+    (grad,) = torch.autograd.grad(loss, theta)
+    expected = -8.0 * adv_pg * mask / len(reward)  # clamp at is_ratio_max, seq-mean
+    assert torch.allclose(grad, expected, atol=1e-6)
+    assert metrics["tb_pg/is_ratio_clipfrac"] == pytest.approx(1.0)
+
+
+def test_beta_schedule_matches_reference_code():
+    b0, bf, n = 0.014, 0.004, 500
+    assert tb.beta_at_step(1, b0, bf, n) == pytest.approx(b0)
+    assert tb.beta_at_step(251, b0, bf, n) == pytest.approx(bf * 0.5 + b0 * 0.5)
+    assert tb.beta_at_step(500, b0, bf, n) == pytest.approx(bf)
+    assert tb.beta_at_step(900, b0, bf, n) == pytest.approx(bf)
+    assert tb.beta_at_step(42, b0, None, 0) == pytest.approx(b0)
+
+
+def test_loss_scale_and_gradient_clipping():
+    """TB gradients are O(r / beta): at beta = 0.004 the norm is far above verl's grad_clip = 1.0, so the clip
+    always binds and the clipped gradient is the same unit vector whatever loss_scale is; loss_scale only
+    matters once it brings the norm under the clip (here beta^2 does)."""
+    beta = 0.004
+    old, ref, mask, reward, uids = make_batch(2, 5, 6, seed=9)
+    reward = (reward > 0.5).float()
+    adv = tb_advantages(old, ref, mask, reward, uids, beta)
+    clipped = {}
+    norms = {}
+    for scale in (1.0, 0.01, beta ** 2):
+        theta = old.clone().requires_grad_(True)
+        loss, _ = get_policy_loss_fn("tb")(old_log_prob=old, log_prob=theta, advantages=adv,
+                                          response_mask=mask.bool(), loss_agg_mode="token-mean",
+                                          config=LossConfig(len(reward), loss_scale=scale))
+        (g,) = torch.autograd.grad(loss, theta)
+        norms[scale] = g.norm().item()
+        clipped[scale] = g * min(1.0, 1.0 / (norms[scale] + 1e-6))  # torch clip_grad_norm_(max_norm=1.0)
+    assert norms[1.0] > 100  # r / beta = 250 residuals
+    assert norms[0.01] == pytest.approx(0.01 * norms[1.0], rel=1e-5)
+    assert torch.allclose(clipped[1.0], clipped[0.01], atol=1e-6)  # clip binds: same update direction/size
+    assert norms[beta ** 2] < 1.0  # under the clip: the update now scales with the loss
+    assert not torch.allclose(clipped[beta ** 2], clipped[1.0], atol=1e-3)
+
+
+def test_groups_of_one_are_refused():
+    old, ref, mask, reward, uids = make_batch(2, 2, 3, seed=1)
+    uids = np.array([f"u{i}" for i in range(len(uids))], dtype=object)
+    with pytest.raises(ValueError, match="rollout.n >= 2"):
+        tb_advantages(old, ref, mask, reward, uids, 0.1)
+
+
+def test_zero_variance_fraction():
+    assert tb.zero_variance_fraction(np.array([1, 1, 0, 1]), ["a", "a", "b", "b"]) == 0.5
