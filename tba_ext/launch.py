@@ -31,13 +31,16 @@ def list_configs() -> list[str]:
 
 def preflight(cfg) -> None:
     """Every check that can fail before Ray starts, each naming the key or path at fault."""
-    from tba_ext.core.settings import check_tb_run, parse_settings
+    from tba_ext.core.settings import check_tb_run, parse_replay_settings, parse_settings
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.models import check_model_dir
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     parse_settings(plain.get("tba"))
     check_tb_run(plain)
+    sampler = plain["trainer"]["v1"]["sampler"]
+    if (sampler.get("custom_sampler") or {}).get("name") == "TBAReplaySampler":
+        parse_replay_settings(sampler.get("sampler_kwargs"), "trainer.v1.sampler.sampler_kwargs.")
     check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
     for key in ("train_files", "val_files"):
         files = plain["data"][key]
@@ -87,7 +90,7 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
                     log.write(line)
                     log.flush()
                 shown = progress.line(line) if not _verbose() else line
-                if shown is None and ("Error" in line or "error:" in line):
+                if shown is None and ("Error" in line or "error:" in line) and "Warning" not in line:
                     shown = line
                 if shown:
                     sys.stdout.write(shown)

@@ -15,7 +15,6 @@ Validation batches bypass the store.
 from __future__ import annotations
 
 import hashlib
-import logging
 import uuid
 from collections import defaultdict
 
@@ -37,8 +36,6 @@ from tba_ext.core.replay import (
     staleness_summary,
 )
 from tba_ext.core.settings import parse_replay_settings
-
-logger = logging.getLogger(__name__)
 
 
 def row_dicts(td) -> list[dict]:
@@ -76,7 +73,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.store = TrajectoryStore(self.settings.per_prompt_capacity, self.settings.capacity)
         self.sampler = ReplaySampler(self.store, self.settings)
         self.group_size = 0
-        self.sampled_rewards: list[float] = []
+        self.restored_trajectories: int | None = None  # reported once, at the first step after a resume
 
     # -- ingestion -------------------------------------------------------------------------------------
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
@@ -158,6 +155,9 @@ class TBAReplaySampler(ReplayBufferAsync):
         for s in range(0, 4):
             metrics[f"replay/staleness_hist/{s}"] = float((stale == s).mean())
         metrics["replay/staleness_hist/4+"] = float((stale >= 4).mean())
+        if self.restored_trajectories is not None:
+            metrics["replay/restored_trajectories"] = self.restored_trajectories
+            self.restored_trajectories = None
         return metrics
 
     # -- persistence (called by the tba_* trainer modes next to verl's checkpoint) ----------------------
@@ -168,4 +168,5 @@ class TBAReplaySampler(ReplayBufferAsync):
         state = load_checked(path)
         self.sampler.load_state_dict(state["sampler"])
         self.group_size = state["group_size"]
-        logger.info("tba: restored %d trajectories from %s", len(self.store), path)
+        self.restored_trajectories = len(self.store)
+        print(f"tba-ext: restored {len(self.store)} replay trajectories from {path}", flush=True)
