@@ -55,7 +55,7 @@ def cmd_train(args) -> int:
 def cmd_quickstart(args) -> int:
     from tba_ext.quickstart import quickstart
 
-    quickstart(args.run_dir, short=args.short, seed=args.seed)
+    quickstart(args.run_dir, short=args.short, seed=args.seed, overrides=args.overrides)
     return 0
 
 
@@ -101,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--run-dir", default="tba_quickstart")
     p.add_argument("--short", action="store_true", help="a shortened run (CI)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for the verl run")
     p.set_defaults(fn=cmd_quickstart)
 
     p = sub.add_parser("compare", help="TBA vs Dr. GRPO on identical data, model and seeds; one report")
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
 
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        if args.command != "train":
+        if args.command not in ("train", "quickstart"):
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         args.overrides = list(args.overrides) + unknown
     try:
