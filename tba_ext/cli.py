@@ -16,14 +16,6 @@ def cmd_doctor(args) -> int:
     return 0 if ok else 1
 
 
-def _problems(task: str, n: int, seed: int, split: str):
-    if task == "arith":
-        from tba_ext.tasks import arith
-
-        return arith.make_problems(n, seed=seed + (0 if split == "train" else 10_000))
-    raise ValueError(f"unknown task {task!r} for the CPU toy data; choose arith")
-
-
 def cmd_prepare_data(args) -> int:
     from tba_ext.tasks.data import write_task
 

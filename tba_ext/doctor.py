@@ -10,7 +10,8 @@ def expected_registrations() -> dict[str, list[str]]:
         "policy_loss": ["tb", "tb_pg"],
         "adv_estimator": ["tb", "tb_pg"],
         "rollout": ["hfcpu"],
-        "trainer_mode": ["tba_sync", "tba_colocate_async"],
+        "trainer_mode": ["tba_sync", "tba_colocate_async", "tba_separate_async"],
+        "checkpoint_engine": ["ray_object_store"],
         "platform": ["cpu"],
     }
 
@@ -19,6 +20,7 @@ def registered_in_verl() -> dict[str, list[str]]:
     """Read verl's own registries (not our bookkeeping), so a plugin that failed to load shows up."""
     import verl  # noqa: F401  (loads the entry-point plugins)
     from verl.plugin.platform import PlatformRegistry
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
@@ -30,6 +32,7 @@ def registered_in_verl() -> dict[str, list[str]]:
         "rollout": sorted(n for n in RolloutReplicaRegistry._registry if (n, "async") in _ROLLOUT_REGISTRY),
         "trainer_mode": sorted(TRAINER_REGISTRY),
         "platform": sorted(PlatformRegistry.registered_names()),
+        "checkpoint_engine": sorted(CheckpointEngineRegistry._registry),
     }
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,6 +86,7 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     try:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             for line in proc.stdout:
                 if log:
@@ -96,15 +99,29 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
                     sys.stdout.write(shown)
                     sys.stdout.flush()
             rc = proc.wait()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _Terminated):
             _terminate(proc)
-            raise
+            raise KeyboardInterrupt from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            # the run is over: Ray's daemons and workers go with it, even when verl's shutdown hangs
+            if proc.poll() is not None and session_pids(proc.pid):
+                _terminate(proc)
     finally:
         if log:
             log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     if check and rc != 0:
         raise RuntimeError(f"verl exited with code {rc}" + (f"; full log: {log_path}" if log_path else ""))
     return rc
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
 
 
 def _verbose() -> bool:
@@ -139,16 +156,42 @@ class _Progress:
         return "  " + " | ".join(parts) + "\n"
 
 
+def session_pids(sid: int) -> list[int]:
+    """Every live process in session ``sid``: verl's driver, Ray's daemons and Ray's workers (which run in
+    process groups of their own, so killing the driver's group alone would leave them behind)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    pids.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return pids
+
+
 def _terminate(proc: subprocess.Popen) -> None:
-    """Stop the verl driver and everything it started (its own session), by process group."""
+    """Stop the verl run we started and everything it started: SIGINT first so Ray shuts down cleanly,
+    then SIGKILL whatever is left in its session. Only processes of that session are touched."""
     import signal
 
-    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
+    try:
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=20)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        pass
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        left = session_pids(proc.pid)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass

@@ -30,6 +30,10 @@ def _register() -> None:
     rollout.register()
     REGISTERED["rollout"] = [rollout.NAME]
 
+    from tba_ext.cpu import ray_checkpoint_engine
+
+    REGISTERED["checkpoint_engine"] = [ray_checkpoint_engine.BACKEND]
+
     from tba_ext.adapters import trainer
 
     REGISTERED["trainer_mode"] = list(trainer.TRAINER_NAMES)

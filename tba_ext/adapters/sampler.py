@@ -15,6 +15,7 @@ Validation batches bypass the store.
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections import defaultdict
 
@@ -79,7 +80,8 @@ class TBAReplaySampler(ReplayBufferAsync):
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
         keys = [k for k in self.partitions[partition_id] if k.split("_")[0] in prompt_uids]
         if not keys:
-            tq.kv_clear(partition_id=partition_id, keys=list(prompt_uids))
+            if prompt_uids:
+                tq.kv_clear(partition_id=partition_id, keys=list(prompt_uids))
             return {"ingested": 0}
         tags = [self.partitions[partition_id][k] for k in keys]
         rows = row_dicts(tq.kv_batch_get(keys=keys, partition_id=partition_id))
@@ -115,8 +117,8 @@ class TBAReplaySampler(ReplayBufferAsync):
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         if partition_id != "train":
             return super().sample(global_steps, partition_id, batch_size)
-        need = self.settings.min_fresh_groups or batch_size
-        sampleable, metrics = self.wait_for_sampleable(global_steps, partition_id, need)
+        sampleable, metrics = self._wait_for_fresh(global_steps, partition_id,
+                                                   self.settings.min_fresh_groups or batch_size)
         ingest = self._ingest(partition_id, set(sampleable))
         # the policy being trained at step s carries weight version s - 1 (weights sync at step end)
         current_version = global_steps - 1
@@ -132,6 +134,26 @@ class TBAReplaySampler(ReplayBufferAsync):
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
         metrics.update(self._metrics(groups, current_version, ingest))
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+
+    def _wait_for_fresh(self, global_steps: int, partition_id: str, need: int) -> tuple[set[str], dict]:
+        """Poll until ``need`` fresh groups are finished, or until nothing more is being generated and the
+        store can serve the batch alone (the trainer then trains on replay instead of waiting forever).
+        Failed groups are evicted and refilled exactly as verl's async buffer does."""
+        eviction_metrics: dict = {}
+        while True:
+            self._sync_metadata_from_transfer_queue()
+            reasons = self._terminal_eviction_reasons(global_steps, partition_id)
+            evicted, _, _, metrics = self._evict_terminal_groups(global_steps, partition_id, reasons)
+            if evicted:
+                eviction_metrics.update(metrics)
+                if self.refill_fn is not None:
+                    self.refill_fn(len(evicted))
+                continue
+            sampleable = self._sampleable_terminal_keys(partition_id, reasons)
+            inflight = len(self.pending_keys[partition_id]) + len(self.running_keys[partition_id])
+            if len(sampleable) >= need or (inflight == 0 and (sampleable or len(self.store))):
+                return sampleable, eviction_metrics
+            time.sleep(self.poll_interval)
 
     def _metrics(self, groups, current_version: int, ingest: dict) -> dict:
         summary = staleness_summary(groups, current_version)

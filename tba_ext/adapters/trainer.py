@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import ray
 import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf, open_dict
 
-from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from tba_ext.adapters import losses
@@ -120,4 +122,31 @@ class TBATrainerColocateAsync(TBATrainerMixin, PPOTrainerColocateAsync):
     base_mode = "colocate_async"
 
 
-TRAINER_NAMES = ("tba_sync", "tba_colocate_async")
+class _FlushTolerantLogger(logging.LoggerAdapter):
+    """verl 0.9.1 calls ``logger.info(..., flush=True)`` when hybrid replicas are off
+    (trainer_separate_async.py, _setup), which the logging module rejects with a TypeError."""
+
+    def log(self, level, msg, *args, **kwargs):
+        kwargs.pop("flush", None)
+        super().log(level, msg, *args, **kwargs)
+
+
+_separate_async_module = sys.modules[PPOTrainerSeparateAsync.__module__]
+if not isinstance(_separate_async_module.logger, _FlushTolerantLogger):
+    _separate_async_module.logger = _FlushTolerantLogger(_separate_async_module.logger, {})
+
+
+@register_trainer("tba_separate_async")
+class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
+    """Decoupled searchers: verl's standalone rollout pool generates continuously; weights sync every
+    ``trainer.v1.separate_async.parameter_sync_step`` (k) local updates."""
+
+    base_mode = "separate_async"
+
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        # verl restores the sync-window's pi_old here for PPO's clipped ratio. TB has no ratio: its log Z is
+        # estimated at the policy being updated, as the paper's trainer does, so use the current weights.
+        return PPOTrainer._compute_old_log_prob(self, batch, metrics)
+
+
+TRAINER_NAMES = ("tba_sync", "tba_colocate_async", "tba_separate_async")

@@ -8,11 +8,21 @@ DATA_SOURCE = "tba_ext/arith"
 INSTRUCTION = "Answer with the number only."
 
 
-def make_problems(n: int, seed: int, max_operand: int = 9, ops: str = "+") -> list[dict]:
+def is_held_out(a: int, b: int) -> bool:
+    """A fixed ~10% of operand pairs never appear in training: the test split asks only these."""
+    return (a * 7 + b * 3) % 10 == 0
+
+
+def make_problems(n: int, seed: int, split: str = "train", max_operand: int = 19, ops: str = "+") -> list[dict]:
+    """``n`` problems "a+b=?" with operands in [0, max_operand]; train and test use disjoint operand pairs."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be train or test, got {split!r}")
+    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)
+             if is_held_out(a, b) == (split == "test")]
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice(ops)
+        (a, b), op = rng.choice(pairs), rng.choice(ops)
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
         rows.append({"question": f"{a}{op}{b}=?", "answer": str(answer)})
     return rows

@@ -11,7 +11,7 @@ def rows_for(task: str, split: str, size: int, seed: int, source: str | None = N
     if task == "arith":
         from tba_ext.tasks import arith
 
-        problems = arith.make_problems(size, seed=seed + (0 if split == "train" else 10_000))
+        problems = arith.make_problems(size, seed=seed, split=split)
         return [arith.to_verl_row(p, split, i) for i, p in enumerate(problems)]
     if task == "gsm_symbolic":
         from tba_ext.tasks import gsm8k
@@ -48,6 +48,6 @@ def corpus_for(task: str, seed: int) -> list[str]:
     if task == "arith":
         from tba_ext.tasks import arith
 
-        return arith.corpus(arith.make_problems(5000, seed=seed)) * 2
+        return arith.corpus(arith.make_problems(5000, seed=seed) + arith.make_problems(500, seed=seed, split="test"))
     rows = rows_for(task, "train", 2000, seed)
     return [r["prompt"][0]["content"] + "\n" + r["extra_info"].get("answer_text", "") for r in rows]

@@ -1,0 +1,89 @@
+"""``checkpoint_engine.backend=ray_object_store``: weight sync from trainer to searchers through Ray's object store.
+
+verl's non-colocated checkpoint engines (nccl, nixl, mooncake, ...) need GPUs or RDMA libraries; on CPU
+verl's separate_async mode stops at "Checkpoint engine nccl not registered". Here trainer rank 0 gathers the
+full weights once per sync, puts them in the object store and publishes the reference in a named mailbox
+actor; every rollout worker fetches that reference. Selected with
+``actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=tba_ext.cpu.ray_checkpoint_engine``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Generator
+
+import ray
+import torch
+
+from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
+
+BACKEND = "ray_object_store"
+MAILBOX = "tba_ext_weight_mailbox"
+
+
+@ray.remote(num_cpus=0)
+class WeightMailbox:
+    """Holds the newest published weights (an object ref) and its version."""
+
+    def __init__(self):
+        self.version, self.refs, self.published_at = None, None, 0.0
+
+    def publish(self, version, refs: list) -> None:
+        self.version, self.refs, self.published_at = version, refs, time.time()
+
+    def latest(self) -> tuple[Any, list | None]:
+        return self.version, self.refs
+
+
+def _mailbox():
+    return WeightMailbox.options(name=MAILBOX, get_if_exists=True, lifetime="detached").remote()
+
+
+@CheckpointEngineRegistry.register(BACKEND)
+class RayObjectStoreCheckpointEngine(CheckpointEngine):
+    def __init__(self, bucket_size: int = 0, is_master: bool = False, timeout_s: float = 600.0, **kwargs):
+        self.is_master = is_master
+        self.timeout_s = timeout_s
+        self.rank, self.role = 0, "receiver"
+        self.last_sync_seconds = 0.0
+
+    def prepare(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]):
+        return (
+            {"rank": list(range(actor_wg_world_size)), "role": ["sender"] * actor_wg_world_size},
+            {"rank": list(range(rollout_world_size)), "role": ["receiver"] * rollout_world_size},
+        )
+
+    def init_process_group(self, rank: int = 0, role: str = "receiver", **kwargs):
+        self.rank, self.role = rank, role
+
+    def finalize(self):
+        return None
+
+    async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None], global_steps=None):
+        start = time.perf_counter()
+        state = {}
+        for name, tensor in weights:  # every rank drains the generator: FSDP gathers are collective
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            state[name] = tensor.detach().to("cpu", copy=True)
+        if self.rank == 0:
+            ref = ray.put(state)
+            await _mailbox().publish.remote(global_steps, [ref])  # list: pass the ref, not its value
+        self.last_sync_seconds = time.perf_counter() - start
+        return {"tba/weight_sync_send_s": self.last_sync_seconds}
+
+    def receive_weights(self, global_steps=None) -> Generator[tuple[str, torch.Tensor], None, None]:
+        mailbox = _mailbox()
+        deadline = time.time() + self.timeout_s
+        while True:
+            version, refs = ray.get(mailbox.latest.remote())
+            if refs is not None and (global_steps is None or version == global_steps):
+                break
+            if time.time() > deadline:
+                raise TimeoutError(f"no weights for version {global_steps} published within {self.timeout_s}s")
+            time.sleep(0.05)
+        yield from ray.get(refs[0]).items()
