@@ -40,7 +40,7 @@ def cmd_train(args) -> int:
     overrides = list(args.overrides)
     if args.run_dir:
         overrides.append(f"run_dir={os.path.abspath(args.run_dir)}")
-    run_verl(args.config, overrides, log_path=args.log)
+    run_verl(args.config, overrides, log_path=args.log, metrics_path=args.metrics)
     return 0
 
 
@@ -86,6 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="cpu_tb")
     p.add_argument("--run-dir", default=None, help="folder with model/ and data/ (sets run_dir=)")
     p.add_argument("--log", default=None, help="write verl's full output here")
+    p.add_argument("--metrics", default=None, help="write verl's per-step metrics here as JSONL")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_train)
 
@@ -116,6 +117,10 @@ def main(argv=None) -> int:
     except RuntimeError as exc:
         print(f"tba-ext {args.command}: failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"tba-ext {args.command}: interrupted; the verl run and its Ray processes were stopped",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

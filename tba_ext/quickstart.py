@@ -21,8 +21,10 @@ from tba_ext.models import ModelSpec, make_model
 from tba_ext.tasks.data import corpus_for, write_task
 from tba_ext.warmstart import warm_start
 
-FULL = dict(size="small", train=4000, test=200, sft_steps=300, rl_steps=60, batch=16)
-SHORT = dict(size="tiny", train=256, test=32, sft_steps=150, rl_steps=4, batch=8)
+# The warm start is deliberately short: the model answers about half of the training prompts, so TB has
+# groups with reward variance to learn from.
+FULL = dict(size="small", train=4000, test=200, sft_steps=150, sft_lr=1e-3, rl_steps=60, batch=16, rl_lr=3e-4)
+SHORT = dict(size="tiny", train=256, test=32, sft_steps=150, sft_lr=3e-3, rl_steps=4, batch=8, rl_lr=3e-4)
 
 
 def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = None) -> list[str]:
@@ -34,6 +36,7 @@ def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = Non
         f"data.train_batch_size={p['batch']}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={p['batch']}",
         f"data.seed={seed}",
+        f"actor_rollout_ref.actor.optim.lr={p['rl_lr']}",
         "trainer.val_before_train=True",
         f"trainer.test_freq={steps}",
         f"trainer.save_freq={steps}",
@@ -53,7 +56,7 @@ def prepare(run_dir: str, p: dict, seed: int) -> dict:
     write_task("arith", f"{run_dir}/data", p["train"], p["test"], seed)
     print(f"[3/5] supervised warm start, {p['sft_steps']} steps", flush=True)
     losses = warm_start(f"{run_dir}/model", f"{run_dir}/data/train.parquet", f"{run_dir}/model_sft",
-                        steps=p["sft_steps"], seed=seed, log_every=max(p["sft_steps"] // 4, 1))
+                        steps=p["sft_steps"], lr=p["sft_lr"], seed=seed, log_every=max(p["sft_steps"] // 4, 1))
     return {"model": model_info, "sft_final_loss": sum(losses[-20:]) / len(losses[-20:]),
             "prepare_seconds": time.time() - t0}
 

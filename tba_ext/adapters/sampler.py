@@ -95,7 +95,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             version = int(version if version is not None else tag.get("global_steps", 0))
             self.store.add(Trajectory(
                 prompt_key=prompt_identity(row),
-                response_key=tuple(torch.as_tensor(row["responses"]).tolist()),
+                response_key=torch.as_tensor(row["responses"]).to(torch.int32).numpy().tobytes(),
                 reward=reward,
                 version=version,
                 payload={"row": row, "tag": dict(tag)},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import ray
 import torch
@@ -89,6 +90,36 @@ class TBATrainerMixin:
         if rho and self.use_reference_policy and self.global_steps % rho == 0:
             ray.get([w.__ray_call__.remote(_copy_actor_into_reference) for w in self.actor_rollout_wg.workers])
             logger.info("tba: reference policy reset to the actor at step %d", self.global_steps)
+
+    # -- asynchrony metrics: who waited, how long syncs took, how fast data flowed ---------------------------
+    def _searcher_stats(self) -> list[dict]:
+        servers = [server for manager in self._rollout_server_managers()
+                   for replica in getattr(manager, "rollout_replicas", []) for server in replica.servers]
+        stats = []
+        for server in servers:
+            try:
+                stats.append(ray.get(server.stats.remote(), timeout=10))
+            except Exception:  # noqa: BLE001 - a dead searcher is reported, not fatal
+                stats.append(None)
+        return stats
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        now = time.time()
+        step_s = float(timing_raw.get("step", 0.0)) or 1e-9
+        metrics["tba/trainer_idle_ratio"] = float(timing_raw.get("gen", 0.0)) / step_s
+        metrics["tba/weight_sync_s"] = float(timing_raw.get("update_weights", 0.0))
+        metrics["tba/trajectories_consumed_per_s"] = len(batch.keys) / step_s
+        stats = self._searcher_stats()
+        alive = [s for s in stats if s is not None]
+        metrics["tba/searchers_alive"] = len(alive)
+        previous, self._last_searcher_stats = getattr(self, "_last_searcher_stats", None), (now, alive)
+        if previous and alive and len(previous[1]) == len(alive):
+            wall = now - previous[0]
+            busy = sum(a["busy_seconds"] - b["busy_seconds"] for a, b in zip(alive, previous[1]))
+            made = sum(a["generated"] - b["generated"] for a, b in zip(alive, previous[1]))
+            metrics["tba/searcher_idle_ratio"] = max(0.0, 1.0 - busy / (wall * len(alive)))
+            metrics["tba/trajectories_generated_per_s"] = made / wall
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
     # -- replay store persistence next to verl's checkpoint -----------------------------------------------
     def _save_checkpoint(self):

@@ -16,8 +16,11 @@ Sampling (``ReplaySampler.sample_groups``), for each of B group slots independen
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import io
 import math
+import random
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -32,10 +35,10 @@ FORMAT_VERSION = 1
 FILE_FORMAT = "tba-ext-replay"
 
 
-@dataclass
+@dataclass(slots=True)
 class Trajectory:
     prompt_key: Hashable  # identity of the prompt across generations (e.g. a hash of its token ids)
-    response_key: tuple  # exact response token ids: the dedup key
+    response_key: Hashable  # exact response tokens (e.g. their int32 bytes): the dedup key
     reward: float
     version: int  # weight version that generated it (verl: min_global_steps)
     insert_order: int = 0
@@ -59,19 +62,66 @@ class SampledGroup:
 
 
 class TrajectoryStore:
-    """Per-prompt FIFO-by-version buffers with a global capacity, deduplicated by response tokens."""
+    """Per-prompt FIFO-by-version buffers with a global capacity, deduplicated by response tokens.
+
+    Eviction always removes the trajectory with the oldest (version, insertion) among those over capacity:
+    per prompt when its buffer exceeds ``per_prompt_capacity``, globally when the store exceeds ``capacity``.
+    Both use heaps with lazy deletion, so insert is O(log n) whatever the store size.
+    """
 
     def __init__(self, per_prompt_capacity: int, capacity: int):
         if per_prompt_capacity <= 0 or capacity <= 0:
-            raise ValueError("tba.replay.per_prompt_capacity and tba.replay.capacity must be > 0")
+            raise ValueError("per_prompt_capacity and capacity must be > 0")
         self.per_prompt_capacity = per_prompt_capacity
         self.capacity = capacity
-        self.prompts: "OrderedDict[Hashable, dict[tuple, Trajectory]]" = OrderedDict()
+        self.prompts: "OrderedDict[Hashable, dict]" = OrderedDict()
         self.stats = StoreStats()
         self._order = 0
+        self._size = 0
+        self._global_heap: list = []  # (version, order, prompt_key, response_key)
+        self._prompt_heaps: dict = {}
+        # indexes that keep sampling cheap at 1e6 trajectories
+        self.prompt_keys: list = []  # dense list for O(1) uniform choice
+        self._prompt_pos: dict = {}
+        self.reward_sum: dict = {}
+        self._version_prompts: dict[int, dict] = {}  # version -> {prompt_key: count}
+
+    def _on_insert(self, traj: Trajectory) -> None:
+        if traj.prompt_key not in self._prompt_pos:
+            self._prompt_pos[traj.prompt_key] = len(self.prompt_keys)
+            self.prompt_keys.append(traj.prompt_key)
+        self.reward_sum[traj.prompt_key] = self.reward_sum.get(traj.prompt_key, 0.0) + traj.reward
+        counts = self._version_prompts.setdefault(traj.version, {})
+        counts[traj.prompt_key] = counts.get(traj.prompt_key, 0) + 1
+
+    def _on_remove(self, traj: Trajectory) -> None:
+        self.reward_sum[traj.prompt_key] -= traj.reward
+        counts = self._version_prompts[traj.version]
+        counts[traj.prompt_key] -= 1
+        if not counts[traj.prompt_key]:
+            del counts[traj.prompt_key]
+            if not counts:
+                del self._version_prompts[traj.version]
+        if traj.prompt_key not in self.prompts:  # last trajectory of the prompt: swap-remove it
+            pos = self._prompt_pos.pop(traj.prompt_key)
+            last = self.prompt_keys.pop()
+            if last != traj.prompt_key:
+                self.prompt_keys[pos] = last
+                self._prompt_pos[last] = pos
+            del self.reward_sum[traj.prompt_key]
+
+    def fresh_prompts(self, window: int) -> list:
+        """Prompts holding trajectories from the newest ``window`` versions."""
+        if not self._version_prompts:
+            return []
+        newest = max(self._version_prompts)
+        keys: dict = {}
+        for v in range(newest - window + 1, newest + 1):
+            keys.update(self._version_prompts.get(v, {}))
+        return list(keys)
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self.prompts.values())
+        return self._size
 
     def add(self, traj: Trajectory) -> bool:
         """Insert one trajectory; returns False if refused (non-finite reward)."""
@@ -82,31 +132,46 @@ class TrajectoryStore:
         bucket = self.prompts.setdefault(traj.prompt_key, {})
         if traj.response_key in bucket:  # same tokens seen before: the newest copy wins
             self.stats.dedup_hits += 1
-            del bucket[traj.response_key]
+            old = bucket.pop(traj.response_key)
+            self._size -= 1
+            self._on_remove(old)
         self._order += 1
         traj.insert_order = self._order
         bucket[traj.response_key] = traj
+        self._size += 1
+        self._on_insert(traj)
+        entry = (traj.version, traj.insert_order, traj.prompt_key, traj.response_key)
+        heapq.heappush(self._global_heap, entry)
+        heapq.heappush(self._prompt_heaps.setdefault(traj.prompt_key, []), entry)
         self.stats.added += 1
         while len(bucket) > self.per_prompt_capacity:
-            self._evict_from(traj.prompt_key)
-        while len(self) > self.capacity:
-            oldest_prompt = min(self.prompts, key=lambda p: self._oldest(p).insert_order)
-            self._evict_from(oldest_prompt)
+            self._evict_oldest(self._prompt_heaps[traj.prompt_key])
+        while self._size > self.capacity:
+            self._evict_oldest(self._global_heap)
         return True
 
-    def _oldest(self, prompt_key) -> Trajectory:
-        return min(self.prompts[prompt_key].values(), key=lambda t: (t.version, t.insert_order))
+    def _live(self, entry) -> bool:
+        _, order, prompt_key, response_key = entry
+        t = self.prompts.get(prompt_key, {}).get(response_key)
+        return t is not None and t.insert_order == order
 
-    def _evict_from(self, prompt_key) -> None:
-        bucket = self.prompts[prompt_key]
-        del bucket[self._oldest(prompt_key).response_key]
-        self.stats.evicted += 1
-        if not bucket:
-            del self.prompts[prompt_key]
+    def _evict_oldest(self, heap: list) -> None:
+        while heap:
+            entry = heapq.heappop(heap)
+            if self._live(entry):
+                _, _, prompt_key, response_key = entry
+                bucket = self.prompts[prompt_key]
+                old = bucket.pop(response_key)
+                self._size -= 1
+                self.stats.evicted += 1
+                if not bucket:
+                    del self.prompts[prompt_key]
+                    self._prompt_heaps.pop(prompt_key, None)
+                self._on_remove(old)
+                return
 
     def newest_version(self) -> int | None:
-        versions = [t.version for b in self.prompts.values() for t in b.values()]
-        return max(versions) if versions else None
+        return max(self._version_prompts) if self._version_prompts else None
 
     def trajectories(self, prompt_key) -> list[Trajectory]:
         return list(self.prompts.get(prompt_key, {}).values())
@@ -119,24 +184,30 @@ class TrajectoryStore:
             "capacity": self.capacity,
             "order": self._order,
             "stats": vars(self.stats).copy(),
-            "trajectories": [
-                (t.prompt_key, t.response_key, t.reward, t.version, t.insert_order, t.payload)
-                for bucket in self.prompts.values()
-                for t in bucket.values()
-            ],
+            "trajectories": sorted(
+                ((t.prompt_key, t.response_key, t.reward, t.version, t.insert_order, t.payload)
+                 for bucket in self.prompts.values() for t in bucket.values()),
+                key=lambda row: row[4],
+            ),
         }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"replay store format {state.get('format_version')} is not {FORMAT_VERSION}")
-        self.per_prompt_capacity, self.capacity = state["per_prompt_capacity"], state["capacity"]
+        self.__init__(state["per_prompt_capacity"], state["capacity"])
+        for prompt_key, response_key, reward, version, order, payload in state["trajectories"]:
+            traj = Trajectory(prompt_key, response_key, reward, version, order, payload)
+            self.prompts.setdefault(prompt_key, {})[response_key] = traj
+            self._on_insert(traj)
+            entry = (version, order, prompt_key, response_key)
+            self._global_heap.append(entry)
+            self._prompt_heaps.setdefault(prompt_key, []).append(entry)
+            self._size += 1
+        heapq.heapify(self._global_heap)
+        for heap in self._prompt_heaps.values():
+            heapq.heapify(heap)
         self._order = state["order"]
         self.stats = StoreStats(**state["stats"])
-        self.prompts = OrderedDict()
-        for prompt_key, response_key, reward, version, order, payload in state["trajectories"]:
-            self.prompts.setdefault(prompt_key, {})[response_key] = Trajectory(
-                prompt_key, response_key, reward, version, order, payload
-            )
 
 
 def save_atomic(state: dict, path: str) -> None:
@@ -176,56 +247,117 @@ def _mixed_probs(rewards: np.ndarray, inv_temp: float, reward_mix: float) -> np.
 
 
 class ReplaySampler:
-    """Draws B groups of K trajectories from a ``TrajectoryStore`` by TBA's recency/reward/uniform rule."""
+    """Draws B groups of K trajectories from a ``TrajectoryStore`` by TBA's recency/reward/uniform rule.
+
+    Uses Python's ``random.Random`` (scalar draws are an order of magnitude cheaper than numpy's); its
+    state is part of ``state_dict`` so a resumed run continues the same random sequence.
+    """
 
     def __init__(self, store: TrajectoryStore, settings: ReplaySettings):
         self.store = store
         self.settings = settings
-        self.rng = np.random.default_rng(settings.seed)
+        self.rng = random.Random(settings.seed)
+        self.np_rng = np.random.default_rng(settings.seed)  # vector draws (weighted K without replacement)
+        self._cache: dict = {}  # per sample_groups call: (prompt, fresh_from) -> (pool, weights)
 
     def eligible(self, traj: Trajectory, current_version: int) -> bool:
         cap = self.settings.max_staleness
         return cap is None or current_version - traj.version <= cap
 
-    def _pick_k(self, trajs: list[Trajectory], k: int, weights: np.ndarray | None) -> list[Trajectory]:
-        replace = len(trajs) < k
-        idx = self.rng.choice(len(trajs), size=k, replace=replace, p=weights)
-        return [trajs[i] for i in idx]
+    def _eligible_of(self, prompt_key, current_version: int, fresh_from: int | None) -> list[Trajectory]:
+        cached = self._cache.get((prompt_key, fresh_from))
+        if cached is not None:
+            return cached
+        pool = self._filter(prompt_key, current_version, fresh_from)
+        self._cache[(prompt_key, fresh_from)] = pool
+        return pool
+
+    def _filter(self, prompt_key, current_version: int, fresh_from: int | None) -> list[Trajectory]:
+        trajs = self.store.prompts.get(prompt_key, {}).values()
+        if self.settings.max_staleness is None and fresh_from is None:
+            return list(trajs)
+        return [t for t in trajs if self.eligible(t, current_version) and (fresh_from is None or t.version >= fresh_from)]
+
+    def _reward_weighted(self) -> bool:
+        return self.settings.reward_inv_temp != 0 and self.settings.reward_mix != 0
+
+    def _pick_k(self, pool: list[Trajectory], k: int, weights: np.ndarray | None) -> list[Trajectory]:
+        """K of ``pool``: without replacement unless it holds fewer than K (then with replacement)."""
+        if weights is None:
+            return self.rng.sample(pool, k) if len(pool) >= k else self.rng.choices(pool, k=k)
+        if len(pool) < k:
+            return self.rng.choices(pool, weights=weights.tolist(), k=k)
+        # weighted sampling without replacement (Efraimidis-Spirakis): the K largest u^(1/w)
+        keys = self.np_rng.random(len(pool)) ** (1.0 / weights)
+        return [pool[i] for i in np.argpartition(-keys, k - 1)[:k]]
+
+    def _trajectory_weights(self, prompt_key, pool: list[Trajectory]) -> np.ndarray:
+        cached = self._cache.get((prompt_key, "weights"))
+        if cached is None:
+            rewards = np.fromiter((t.reward for t in pool), dtype=float, count=len(pool))
+            cached = _mixed_probs(rewards, self.settings.reward_inv_temp, self.settings.reward_mix)
+            self._cache[(prompt_key, "weights")] = cached
+        return cached
+
+    def _prompt_cdf(self, keys: list) -> list[float] | None:
+        """Cumulative prompt weights for the replay branch, or None for uniform."""
+        if not self._reward_weighted():
+            return None
+        means = np.array([self.store.reward_sum[p] / len(self.store.prompts[p]) for p in keys])
+        return np.cumsum(_mixed_probs(means, self.settings.reward_inv_temp, self.settings.reward_mix)).tolist()
+
+    def _draw(self, keys: list, cdf: list[float] | None, current_version: int, fresh_from: int | None):
+        """A prompt (uniform, or by ``cdf``) with eligible trajectories; a few redraws, then an exact scan
+        (reached only when a staleness cap empties most prompts)."""
+        for _ in range(32):
+            if cdf is None:
+                key = keys[self.rng.randrange(len(keys))]
+            else:
+                key = keys[min(bisect.bisect_right(cdf, self.rng.random() * cdf[-1]), len(keys) - 1)]
+            pool = self._eligible_of(key, current_version, fresh_from)
+            if pool:
+                return key, pool
+        pools = [(p, self._eligible_of(p, current_version, fresh_from)) for p in keys]
+        live = [i for i, (_, pool) in enumerate(pools) if pool]
+        if not live:
+            return None, []
+        if cdf is None:
+            return pools[live[self.rng.randrange(len(live))]]
+        probs = np.diff([0.0, *cdf])
+        return pools[self.rng.choices(live, weights=[probs[i] for i in live], k=1)[0]]
 
     def sample_groups(self, batch_size: int, k: int, current_version: int) -> list[SampledGroup]:
         s = self.settings
-        pools = {
-            p: [t for t in self.store.trajectories(p) if self.eligible(t, current_version)]
-            for p in list(self.store.prompts)
-        }
-        pools = {p: ts for p, ts in pools.items() if ts}
-        if not pools:
-            raise RuntimeError("the replay store holds no sampleable trajectories (all staler than "
-                               "tba.replay.max_staleness?)")
-        newest = max(t.version for ts in pools.values() for t in ts)
-        fresh = {p: [t for t in ts if t.version > newest - s.recency_window] for p, ts in pools.items()}
-        fresh = {p: ts for p, ts in fresh.items() if ts}
-        fresh_keys, all_keys = list(fresh), list(pools)
-        prompt_rewards = np.array([np.mean([t.reward for t in pools[p]]) for p in all_keys])
-        prompt_probs = _mixed_probs(prompt_rewards, s.reward_inv_temp, s.reward_mix)
+        if not len(self.store):
+            raise RuntimeError("the replay store is empty")
+        fresh_from = self.store.newest_version() - s.recency_window + 1
+        fresh_keys = self.store.fresh_prompts(s.recency_window)
+        all_keys = self.store.prompt_keys
+        cdf = self._prompt_cdf(all_keys)
+        self._cache = {}
         groups = []
         for _ in range(batch_size):
-            if self.rng.random() < s.recency_prob:
-                p = fresh_keys[self.rng.integers(len(fresh_keys))]
-                groups.append(SampledGroup(p, self._pick_k(fresh[p], k, None), "recency"))
+            recency = self.rng.random() < s.recency_prob
+            if recency:
+                prompt, pool = self._draw(fresh_keys, None, current_version, fresh_from)
             else:
-                p = all_keys[self.rng.choice(len(all_keys), p=prompt_probs)]
-                rewards = np.array([t.reward for t in pools[p]])
-                weights = _mixed_probs(rewards, s.reward_inv_temp, s.reward_mix)
-                groups.append(SampledGroup(p, self._pick_k(pools[p], k, weights), "replay"))
+                prompt, pool = self._draw(all_keys, cdf, current_version, None)
+            if prompt is None:
+                raise RuntimeError("the replay store holds no sampleable trajectories (all staler than "
+                                   "max_staleness?)")
+            weights = self._trajectory_weights(prompt, pool) if not recency and self._reward_weighted() else None
+            groups.append(SampledGroup(prompt, self._pick_k(pool, k, weights), "recency" if recency else "replay"))
+        self._cache = {}
         return groups
 
     def state_dict(self) -> dict:
-        return {"store": self.store.state_dict(), "rng": self.rng.bit_generator.state}
+        return {"store": self.store.state_dict(), "rng": self.rng.getstate(),
+                "np_rng": self.np_rng.bit_generator.state}
 
     def load_state_dict(self, state: dict) -> None:
         self.store.load_state_dict(state["store"])
-        self.rng.bit_generator.state = state["rng"]
+        self.rng.setstate(state["rng"])
+        self.np_rng.bit_generator.state = state["np_rng"]
 
 
 def staleness_summary(groups: list[SampledGroup], current_version: int) -> dict[str, float]:

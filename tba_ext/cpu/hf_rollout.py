@@ -112,8 +112,21 @@ class HFCPUServer:
         self.busy_seconds = 0.0
         self.batches = 0
         self.batch_sizes: list[int] = []
+        self.generated = 0
         torch.manual_seed(seed)
         self.loop_task = None
+        self._load_published_weights()
+
+    def _load_published_weights(self) -> None:
+        """A searcher restarted after a crash starts from the newest weights the trainer published
+        (decoupled mode), not from the initial checkpoint."""
+        from tba_ext.cpu.ray_checkpoint_engine import latest_published
+
+        version, state = latest_published()
+        if state is not None:
+            self.model.load_state_dict(state, strict=False)
+            self.global_steps = version
+            print(f"tba-ext: searcher (re)started with published weights of version {version}", flush=True)
 
     def _ensure_loop(self):
         if self.loop_task is None:
@@ -141,6 +154,7 @@ class HFCPUServer:
                     self.busy_seconds += time.perf_counter() - start
                     self.batches += 1
                     self.batch_sizes.append(len(batch))
+                    self.generated += len(batch)
                     version = self.global_steps
                 for r, res in zip(batch, results):
                     r.future.set_result((res, version))
@@ -193,6 +207,7 @@ class HFCPUServer:
 
     async def stats(self) -> dict:
         return dict(
+            generated=self.generated,
             global_steps=self.global_steps,
             weight_loads=self.weight_loads,
             batches=self.batches,
@@ -251,6 +266,8 @@ class HFCPUReplica(RolloutReplica):
         server = server_cls.options(
             name=name,
             num_cpus=0,
+            max_restarts=-1,  # a searcher that dies is restarted by Ray and reloads the newest weights
+            max_task_retries=0,
             max_concurrency=self.max_concurrency,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
         ).remote(

@@ -36,7 +36,19 @@ class WeightMailbox:
 
 
 def _mailbox():
-    return WeightMailbox.options(name=MAILBOX, get_if_exists=True, lifetime="detached").remote()
+    return WeightMailbox.options(name=MAILBOX, get_if_exists=True).remote()
+
+
+def latest_published() -> tuple[Any, dict | None]:
+    """(version, state dict) of the newest published weights, or (None, None) if nothing was published."""
+    if not ray.is_initialized():
+        return None, None
+    try:
+        mailbox = ray.get_actor(MAILBOX)
+    except ValueError:
+        return None, None
+    version, refs = ray.get(mailbox.latest.remote())
+    return (version, ray.get(refs[0])) if refs else (None, None)
 
 
 @CheckpointEngineRegistry.register(BACKEND)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# TBA' (tb_pg, beta 0.005, reference reset every 50 steps) for Qwen2.5-7B on MATH with Megatron, on one or
+# more 8-GPU nodes. Multi-node: `ray start --head` on node 0, `ray start --address=<node0>:6379` on the
+# others (tba-ext installed everywhere), then run this on node 0 with NNODES set.
+set -euo pipefail
+export MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-7B}
+export DATA_DIR=${DATA_DIR:-$HOME/data/math}
+export CKPT_DIR=${CKPT_DIR:-$HOME/checkpoints}
+NNODES=${NNODES:-1}
+CONFIG=${CONFIG:-tba_qwen2.5-7b_math_megatron}  # or drgrpo_qwen2.5-7b_math_megatron
+tba-ext doctor
+python -m verl.trainer.main_ppo \
+  --config-path "$(cd "$(dirname "$0")/../configs" && pwd)" --config-name "$CONFIG" \
+  trainer.nnodes="$NNODES" "$@"

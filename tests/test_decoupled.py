@@ -1,0 +1,110 @@
+"""Decoupled searchers on CPU: a trainer and a searcher replica as separate Ray actors, weights every k
+steps through the Ray object-store checkpoint engine; a searcher killed mid-run is restarted; Ctrl-C stops
+everything."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tba_ext.launch import session_pids
+
+pytestmark = pytest.mark.e2e
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def children(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def steps_logged(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def start_train(config, run_dir, tmp_path, *overrides, env=None):
+    metrics = tmp_path / "metrics.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tba_ext.cli", "train", "--config", config, "--log", str(tmp_path / "verl.log"),
+         "--metrics", str(metrics), f"run_dir={run_dir}", *overrides],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, **(env or {})))
+    return proc, metrics
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def verl_session(proc):
+    kids = [p for p in children(proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]
+    return kids[0] if kids else None
+
+
+def test_decoupled_run_syncs_every_k_and_survives_a_searcher_crash(tiny_run, tmp_path):
+    trace = tmp_path / "rollout_trace.jsonl"
+    proc, metrics = start_train("cpu_tba_decoupled", tiny_run, tmp_path, "trainer.total_training_steps=6",
+                                env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
+    try:
+        wait_for(lambda: len(steps_logged(metrics)) >= 2, 600, "two trainer steps")
+        sid = verl_session(proc)
+        searchers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
+        assert len(searchers) == 1  # the searcher is its own Ray actor process, apart from the trainer
+        os.kill(searchers[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    records = steps_logged(metrics)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    data = [r["data"] for r in records]
+    assert max(d["replay/staleness_max"] for d in data) > 0
+    assert all(d["tba/weight_sync_s"] > 0 for d in data)
+    assert data[-1]["tba/searchers_alive"] == 1  # replaced
+    assert all(0.0 <= d["tba/trainer_idle_ratio"] <= 1.0 for d in data)
+    log = (tmp_path / "verl.log").read_text(errors="replace")
+    assert "searcher (re)started with published weights" in log
+    versions = [json.loads(x)["global_steps"] for x in trace.read_text().splitlines()]
+    # one weight version per trainer step (each step = k local updates); the restarted searcher carries on
+    assert versions[0] == 0 and versions == sorted(versions) and versions[-1] >= 5
+    assert not session_pids(verl_session(proc) or -1)
+
+
+def test_ctrl_c_stops_the_run_and_all_its_processes(tiny_run, tmp_path):
+    proc, metrics = start_train("cpu_tb", tiny_run, tmp_path, "trainer.total_training_steps=50")
+    wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step")
+    sid = verl_session(proc)
+    assert sid and session_pids(sid)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:]
+    assert "interrupted" in out
+    wait_for(lambda: not session_pids(sid), 30, "the verl session to be empty")

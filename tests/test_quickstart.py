@@ -1,0 +1,25 @@
+"""The README's main command, shortened: model, data, warm start, TBA through verl, report."""
+
+import json
+import os
+
+import pytest
+
+from tba_ext.quickstart import quickstart
+
+pytestmark = pytest.mark.e2e
+
+
+def test_quickstart_short_writes_a_report_with_before_and_after_accuracy(tmp_path):
+    summary = quickstart(str(tmp_path / "qs"), short=True, seed=0)
+    run = tmp_path / "qs"
+    report = (run / "report.md").read_text()
+    assert "after warm start" in report and "TBA steps" in report
+    assert f"{summary['accuracy_before']:.4g}" in report and f"{summary['accuracy_after']:.4g}" in report
+    assert (run / "curves.png").stat().st_size > 10_000
+    saved = json.loads((run / "summary.json").read_text())
+    assert 0.0 <= saved["accuracy_before"] <= 1.0 and 0.0 <= saved["accuracy_after"] <= 1.0
+    # verl's own greedy validation agrees with the independent evaluation of the exported model
+    assert saved["verl_validation_before_after"][0] == pytest.approx(saved["accuracy_before"], abs=1e-6)
+    assert saved["verl_validation_before_after"][-1] == pytest.approx(saved["accuracy_after"], abs=1e-6)
+    assert os.path.exists(run / "model_tba" / "config.json")
