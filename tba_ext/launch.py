@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from importlib import resources
 
@@ -83,31 +84,41 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     total = int(cfg.trainer.total_training_steps or 0)
     progress = _Progress(total)
     log = open(log_path, "w") if log_path else None
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def pump():  # Ray's daemons inherit the pipe, so reading runs in its own thread and never blocks exit
+        for line in proc.stdout:
+            if log and not log.closed:
+                log.write(line)
+                log.flush()
+            shown = progress.line(line) if not _verbose() else line
+            if shown is None and ("Error" in line or "error:" in line) and "Warning" not in line:
+                shown = line
+            if shown:
+                sys.stdout.write(shown)
+                sys.stdout.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
-        try:
-            for line in proc.stdout:
-                if log:
-                    log.write(line)
-                    log.flush()
-                shown = progress.line(line) if not _verbose() else line
-                if shown is None and ("Error" in line or "error:" in line) and "Warning" not in line:
-                    shown = line
-                if shown:
-                    sys.stdout.write(shown)
-                    sys.stdout.flush()
-            rc = proc.wait()
-        except (KeyboardInterrupt, _Terminated):
-            _terminate(proc)
-            raise KeyboardInterrupt from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            # the run is over: Ray's daemons and workers go with it, even when verl's shutdown hangs
-            if proc.poll() is not None and session_pids(proc.pid):
-                _terminate(proc)
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    except (KeyboardInterrupt, _Terminated):
+        _terminate(proc)
+        raise KeyboardInterrupt from None
     finally:
+        signal.signal(signal.SIGTERM, previous)
+        # the run is over: Ray's daemons and workers go with it, even when verl's shutdown hangs or the
+        # driver was killed
+        if session_pids(proc.pid):
+            _terminate(proc)
+        reader.join(timeout=10)
         if log:
             log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -168,6 +179,28 @@ def session_pids(sid: int) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 continue
     return pids
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def children(pid: int) -> list[int]:
+    """Direct child processes of ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
 
 
 def _terminate(proc: subprocess.Popen) -> None:

@@ -93,7 +93,8 @@ def test_weight_update_changes_generation_and_version(tiny_run, server, tmp_path
         return before, after
 
     before, after = asyncio.run(run())
-    assert before.extra_fields["global_steps"] is None and after.extra_fields["global_steps"] == 7
+    assert before.extra_fields["global_steps"] == 0  # the model directory's weights are version 0
+    assert after.extra_fields["global_steps"] == 7
     assert before.log_probs != after.log_probs
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
     assert lines[-1]["global_steps"] == 7

@@ -75,6 +75,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.sampler = ReplaySampler(self.store, self.settings)
         self.group_size = 0
         self.restored_trajectories: int | None = None  # reported once, at the first step after a resume
+        self.unknown_version = 0
 
     # -- ingestion -------------------------------------------------------------------------------------
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
@@ -92,7 +93,9 @@ class TBAReplaySampler(ReplayBufferAsync):
             sizes[key.split("_")[0]] += 1
             reward = float(torch.as_tensor(row["rm_scores"]).float().sum())
             version = tag.get("min_global_steps")
-            version = int(version if version is not None else tag.get("global_steps", 0))
+            if version is None:  # a searcher that served it had no weight version: staleness unknowable
+                self.unknown_version += 1
+                continue
             self.store.add(Trajectory(
                 prompt_key=prompt_identity(row),
                 response_key=torch.as_tensor(row["responses"]).to(torch.int32).numpy().tobytes(),
@@ -173,6 +176,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             "replay/evictions": stats.evicted,
             "replay/rejected_nonfinite": stats.rejected_nonfinite,
             "replay/ingested": ingest["ingested"],
+            "replay/rejected_unknown_version": self.unknown_version,
         }
         for s in range(0, 4):
             metrics[f"replay/staleness_hist/{s}"] = float((stale == s).mean())

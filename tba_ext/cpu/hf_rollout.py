@@ -122,11 +122,18 @@ class HFCPUServer:
         (decoupled mode), not from the initial checkpoint."""
         from tba_ext.cpu.ray_checkpoint_engine import latest_published
 
-        version, state = latest_published()
+        try:
+            version, state = latest_published()
+        except Exception as exc:  # noqa: BLE001 - fall back to the initial weights, and say so
+            logger.warning("tba-ext: could not read published weights (%s)", exc)
+            version, state = None, None
         if state is not None:
             self.model.load_state_dict(state, strict=False)
             self.global_steps = version
-            print(f"tba-ext: searcher (re)started with published weights of version {version}", flush=True)
+            print(f"tba-ext: searcher started with published weights of version {version}", flush=True)
+        else:
+            # the model directory holds the initial weights: version 0 until the trainer's next sync
+            self.global_steps = 0
 
     def _ensure_loop(self):
         if self.loop_task is None:
@@ -216,7 +223,8 @@ class HFCPUServer:
         )
 
     def _checksum(self) -> float:
-        return float(sum(p.double().abs().sum() for p in self.model.parameters()))
+        with torch.no_grad():
+            return float(sum(p.double().abs().sum() for p in self.model.parameters()))
 
     async def set_global_steps(self, global_steps: int):
         self.global_steps = global_steps
