@@ -78,6 +78,7 @@ class TrajectoryStore:
         self.stats = StoreStats()
         self._order = 0
         self._size = 0
+        self.mutations = 0  # bumped on every insert/eviction: samplers cache derived tables until it moves
         self._global_heap: list = []  # (version, order, prompt_key, response_key)
         self._prompt_heaps: dict = {}
         # indexes that keep sampling cheap at 1e6 trajectories
@@ -136,6 +137,7 @@ class TrajectoryStore:
             self._size -= 1
             self._on_remove(old)
         self._order += 1
+        self.mutations += 1
         traj.insert_order = self._order
         bucket[traj.response_key] = traj
         self._size += 1
@@ -163,6 +165,7 @@ class TrajectoryStore:
                 bucket = self.prompts[prompt_key]
                 old = bucket.pop(response_key)
                 self._size -= 1
+                self.mutations += 1
                 self.stats.evicted += 1
                 if not bucket:
                     del self.prompts[prompt_key]
@@ -258,7 +261,10 @@ class ReplaySampler:
         self.settings = settings
         self.rng = random.Random(settings.seed)
         self.np_rng = np.random.default_rng(settings.seed)  # vector draws (weighted K without replacement)
-        self._cache: dict = {}  # per sample_groups call: (prompt, fresh_from) -> (pool, weights)
+        # pools, weights and the prompt CDF derived from the store, valid while the store and the current
+        # version are unchanged (a training step inserts, so each step rebuilds them once)
+        self._cache: dict = {}
+        self._cache_key = None
 
     def eligible(self, traj: Trajectory, current_version: int) -> bool:
         cap = self.settings.max_staleness
@@ -333,8 +339,10 @@ class ReplaySampler:
         fresh_from = self.store.newest_version() - s.recency_window + 1
         fresh_keys = self.store.fresh_prompts(s.recency_window)
         all_keys = self.store.prompt_keys
-        cdf = self._prompt_cdf(all_keys)
-        self._cache = {}
+        if self._cache_key != (self.store.mutations, current_version):
+            self._cache = {"cdf": self._prompt_cdf(all_keys)}
+            self._cache_key = (self.store.mutations, current_version)
+        cdf = self._cache["cdf"]
         groups = []
         for _ in range(batch_size):
             recency = self.rng.random() < s.recency_prob
@@ -347,7 +355,6 @@ class ReplaySampler:
                                    "max_staleness?)")
             weights = self._trajectory_weights(prompt, pool) if not recency and self._reward_weighted() else None
             groups.append(SampledGroup(prompt, self._pick_k(pool, k, weights), "recency" if recency else "replay"))
-        self._cache = {}
         return groups
 
     def state_dict(self) -> dict:
