@@ -91,12 +91,13 @@ def timeline(runs, path):
             wait, step = d["timing_s/gen"], d["timing_s/step"]
             ax.barh(1, wait, left=t, color="tab:orange")
             ax.barh(1, step - wait, left=t + wait, color="tab:blue")
-            busy = 1.0 - d.get("tba/searcher_idle_ratio", 1.0 if name == "decoupled" else 0.0)
-            ax.barh(0, step * busy, left=t, color="tab:green")
+            if "tba/searcher_idle_ratio" in d:  # measured between consecutive steps, so not on the first
+                ax.barh(0, step * (1.0 - d["tba/searcher_idle_ratio"]), left=t, color="tab:green")
             t += step
         ax.set_yticks([0, 1], ["searcher busy", "trainer"])
         ax.set_xlabel("seconds")
-        ax.set_title(f"{name}: orange = trainer waiting, blue = training")
+        ax.set_title(f"{name}: trainer waiting (orange) / training (blue);\nsearcher busy share of each step (green)",
+                     fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"timeline: {path}")

@@ -15,23 +15,12 @@ import time
 
 from tba_ext import report
 from tba_ext.launch import run_verl
-from tba_ext.quickstart import FULL, SHORT, prepare
+from tba_ext.quickstart import FULL, SHORT, prepare, training_overrides
 
 
 def run_overrides(run_dir: str, p: dict, seed: int, staleness: int, steps: int) -> list[str]:
-    mode = ["trainer.v1.colocate_async.num_warmup_batches=" + str(staleness)] if staleness else []
-    return [
-        f"run_dir={run_dir}",
-        f"actor_rollout_ref.model.path={run_dir}/model_sft",
-        f"trainer.total_training_steps={steps}",
-        f"data.train_batch_size={p['batch']}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={p['batch']}",
-        f"actor_rollout_ref.actor.optim.lr={p['rl_lr']}",
-        f"data.seed={seed}",
-        "trainer.val_before_train=True",
-        f"trainer.test_freq={steps}",
-        *mode,
-    ]
+    mode = [f"trainer.v1.colocate_async.num_warmup_batches={staleness}"] if staleness else []
+    return training_overrides(run_dir, p, seed, steps) + mode
 
 
 ALGORITHMS = {

@@ -27,8 +27,9 @@ FULL = dict(size="small", train=4000, test=200, sft_steps=150, sft_lr=1e-3, rl_s
 SHORT = dict(size="tiny", train=256, test=32, sft_steps=150, sft_lr=3e-3, rl_steps=4, batch=8, rl_lr=3e-4)
 
 
-def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = None) -> list[str]:
-    steps = p["rl_steps"]
+def training_overrides(run_dir: str, p: dict, seed: int, steps: int) -> list[str]:
+    """The RL run on top of a prepared run folder: warm-started model, batch, lr, seed, greedy validation
+    before training and at its end. Shared by the quickstart and ``tba-ext compare``."""
     return [
         f"run_dir={run_dir}",
         f"actor_rollout_ref.model.path={run_dir}/model_sft",
@@ -39,6 +40,13 @@ def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = Non
         f"actor_rollout_ref.actor.optim.lr={p['rl_lr']}",
         "trainer.val_before_train=True",
         f"trainer.test_freq={steps}",
+    ]
+
+
+def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = None) -> list[str]:
+    steps = p["rl_steps"]
+    return [
+        *training_overrides(run_dir, p, seed, steps),
         f"trainer.save_freq={steps}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "actor_rollout_ref.actor.checkpoint.load_contents=[model,optimizer,extra]",
