@@ -74,6 +74,7 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
         "--config-path", CONFIG_DIR, "--config-name", config_name,
         *overrides,
         f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
+        f"hydra.run.dir={ray_tmp}/hydra",  # not ./outputs/<date> in the caller's working directory
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
