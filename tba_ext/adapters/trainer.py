@@ -1,10 +1,12 @@
-"""TBA trainer modes for verl's V1 trainer: ``trainer.v1.trainer_mode=tba_sync`` / ``tba_colocate_async``.
+"""TBA trainer modes for verl's V1 trainer: ``trainer.v1.trainer_mode=tba_sync`` / ``tba_colocate_async`` /
+``tba_separate_async``.
 
-Each runs verl's own ``sync`` / ``colocate_async`` trainer and adds the per-step work of TBA:
+Each runs verl's own ``sync`` / ``colocate_async`` / ``separate_async`` trainer and adds the per-step work of TBA:
 - start-up checks of the TB settings (``tba_ext.core.settings``), failing before any worker starts;
 - the beta schedule, written into verl's KL coefficient, which the tb estimators also read as beta;
 - TB metrics in verl's stream (tb/beta, tb/log_z, tb/kl, tb/zero_reward_variance_frac, ...);
-- the reference-policy reset every ``tba.ref_reset_every`` steps (TBA');
+- the reference-policy reset every ``tba.ref_reset_every`` steps (TBA'; FSDP engines, not yet exercised by a test);
+- asynchrony metrics (trainer/searcher idle ratios, weight-sync time, throughput);
 - saving/restoring the replay store with verl's checkpoints.
 """
 
