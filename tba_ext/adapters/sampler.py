@@ -160,14 +160,12 @@ class TBAReplaySampler(ReplayBufferAsync):
 
     def _metrics(self, groups, current_version: int, ingest: dict) -> dict:
         summary = staleness_summary(groups, current_version)
-        stale = np.array([current_version - t.version for g in groups for t in g.trajectories])
         sampled = [t.reward for g in groups for t in g.trajectories]
         stored = [t.reward for b in self.store.prompts.values() for t in b.values()]
         stats = self.store.stats
         metrics = {
-            "replay/fraction": summary["replay_fraction"],
-            "replay/staleness_mean": summary["staleness_mean"],
-            "replay/staleness_max": summary["staleness_max"],
+            "replay/fraction": summary.pop("replay_fraction"),
+            **{f"replay/{key}": value for key, value in summary.items()},
             "replay/store_trajectories": len(self.store),
             "replay/store_prompts": len(self.store.prompts),
             "replay/reward_sampled_mean": float(np.mean(sampled)),
@@ -178,9 +176,6 @@ class TBAReplaySampler(ReplayBufferAsync):
             "replay/ingested": ingest["ingested"],
             "replay/rejected_unknown_version": self.unknown_version,
         }
-        for s in range(0, 4):
-            metrics[f"replay/staleness_hist/{s}"] = float((stale == s).mean())
-        metrics["replay/staleness_hist/4+"] = float((stale >= 4).mean())
         if self.restored_trajectories is not None:
             metrics["replay/restored_trajectories"] = self.restored_trajectories
             self.restored_trajectories = None

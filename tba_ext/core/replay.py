@@ -367,12 +367,18 @@ class ReplaySampler:
         self.np_rng.bit_generator.state = state["np_rng"]
 
 
-def staleness_summary(groups: list[SampledGroup], current_version: int) -> dict[str, float]:
+def staleness_summary(groups: list[SampledGroup], current_version: int, hist_bins: int = 4) -> dict[str, float]:
+    """Replay fraction and staleness of a sampled batch: mean, max, and the share at each staleness
+    0..hist_bins-1 plus ``hist_bins``-or-more (keys ``staleness_hist/<s>`` and ``staleness_hist/<n>+``)."""
     stale = np.array([current_version - t.version for g in groups for t in g.trajectories], dtype=float)
     replayed = np.array([g.branch == "replay" for g in groups], dtype=float)
-    return {
+    summary = {
         "staleness_mean": float(stale.mean()) if stale.size else 0.0,
         "staleness_max": float(stale.max()) if stale.size else 0.0,
         "replay_fraction": float(replayed.mean()) if replayed.size else 0.0,
     }
+    for s in range(hist_bins):
+        summary[f"staleness_hist/{s}"] = float((stale == s).mean()) if stale.size else 0.0
+    summary[f"staleness_hist/{hist_bins}+"] = float((stale >= hist_bins).mean()) if stale.size else 0.0
+    return summary
 

@@ -321,11 +321,8 @@ class HFCPUServerAdapter(BaseRollout):
     ):
         if wire_format != "named_tensors":
             raise ValueError(f"hfcpu rollout takes full named tensors, not {wire_format!r}")
-        # every rank must drain the generator (FSDP gathers are collective); the leader ships the copy
-        state = {}
-        for name, tensor in weights:
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            state[name] = tensor.detach().to("cpu", copy=True)
+        from tba_ext.cpu.ray_checkpoint_engine import full_cpu_state
+
+        state = full_cpu_state(weights)  # drained on every rank; the leader ships the copy
         if self.is_leader_rank:
             await self.server.load_weights.remote(state, kwargs.get("global_steps"))

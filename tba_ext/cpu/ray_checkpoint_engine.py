@@ -35,6 +35,17 @@ class WeightMailbox:
         return self.version, self.refs
 
 
+def full_cpu_state(weights: Generator[tuple[str, torch.Tensor], None, None]) -> dict[str, torch.Tensor]:
+    """Drain a trainer's (name, tensor) generator into full CPU tensors. Every rank must drain it: FSDP's
+    gathers behind it are collective."""
+    state = {}
+    for name, tensor in weights:
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        state[name] = tensor.detach().to("cpu", copy=True)
+    return state
+
+
 def _mailbox():
     return WeightMailbox.options(name=MAILBOX, get_if_exists=True).remote()
 
@@ -77,11 +88,7 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
 
     async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None], global_steps=None):
         start = time.perf_counter()
-        state = {}
-        for name, tensor in weights:  # every rank drains the generator: FSDP gathers are collective
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            state[name] = tensor.detach().to("cpu", copy=True)
+        state = full_cpu_state(weights)
         if self.rank == 0:
             ref = ray.put(state)
             await _mailbox().publish.remote(global_steps, [ref])  # list: pass the ref, not its value
