@@ -28,9 +28,24 @@ def cmd_make_model(args) -> int:
     from tba_ext.models import ModelSpec, make_model
     from tba_ext.tasks.data import corpus_for
 
-    texts = corpus_for(args.task, args.seed)
-    summary = make_model(args.out, texts, ModelSpec(size=args.size, vocab_size=args.vocab, seed=args.seed))
+    texts = corpus_for(args.task, args.seed, args.source)
+    summary = make_model(args.out, texts, ModelSpec(size=args.size, vocab_size=args.vocab, seed=args.seed),
+                         head=args.head)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from tba_ext import evaluate
+
+    if args.task == "tldr":
+        result = evaluate.tldr_win_rate(args.model, args.data, args.reward_model, args.max_new_tokens, args.limit)
+    elif args.task == "redteam":
+        result = evaluate.redteam_eval(args.model, args.data, args.victim, args.toxicity, args.max_new_tokens,
+                                       args.limit, embedder=args.embedder)
+    else:
+        result = evaluate.greedy_accuracy(args.model, args.data, args.max_new_tokens, limit=args.limit)
+    print(json.dumps(dict(result, task=args.task, model=args.model), indent=2))
     return 0
 
 
@@ -70,6 +85,9 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
     p.add_argument("--task", default="arith")
     p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--head", default="lm", choices=["lm", "reward", "toxicity"],
+                   help="lm: the policy; reward / toxicity: a scorer for the tldr / redteam tasks")
+    p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, tldr)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_model)
 
@@ -81,6 +99,18 @@ def main(argv=None) -> int:
     p.add_argument("--test-size", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_prepare_data)
+
+    p = sub.add_parser("evaluate", help="greedy pass@1, TL;DR win rate, or red-teaming ASR + diversity")
+    p.add_argument("--task", default="arith", help="arith | gsm_symbolic | gsm8k | tldr | redteam")
+    p.add_argument("--model", required=True, help="saved policy (a verl checkpoint's huggingface dir)")
+    p.add_argument("--data", required=True, help="the split's parquet (from prepare-data)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--reward-model", default=None, help="tldr: sequence-classification reward model dir")
+    p.add_argument("--victim", default=None, help="redteam: victim causal LM dir")
+    p.add_argument("--toxicity", default=None, help="redteam: toxicity classifier dir")
+    p.add_argument("--embedder", default=None, help="redteam: sentence-transformers model (default MiniLM)")
+    p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("train", help="run verl's main_ppo on a tba-ext config (extra args are Hydra overrides)")
     p.add_argument("--config", default="cpu_tb")

@@ -13,6 +13,7 @@ def expected_registrations() -> dict[str, list[str]]:
         "trainer_mode": ["tba_sync", "tba_colocate_async", "tba_separate_async"],
         "checkpoint_engine": ["ray_object_store"],
         "platform": ["cpu"],
+        "reward_manager": ["tba_checked"],
     }
 
 
@@ -21,6 +22,7 @@ def registered_in_verl() -> dict[str, list[str]]:
     import verl  # noqa: F401  (loads the entry-point plugins)
     from verl.plugin.platform import PlatformRegistry
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
@@ -33,6 +35,7 @@ def registered_in_verl() -> dict[str, list[str]]:
         "trainer_mode": sorted(TRAINER_REGISTRY),
         "platform": sorted(PlatformRegistry.registered_names()),
         "checkpoint_engine": sorted(CheckpointEngineRegistry._registry),
+        "reward_manager": sorted(REWARD_MANAGER),
     }
 
 

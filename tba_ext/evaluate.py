@@ -1,4 +1,5 @@
-"""Greedy pass@1 of a saved model on a verl parquet split, graded by the task's reward function."""
+"""Evaluation of a saved policy on a verl parquet split: greedy pass@1 (arith, GSM8K, GSM-symbolic),
+win rate against the reference summaries (TL;DR), attack success rate and diversity (red-teaming)."""
 
 from __future__ import annotations
 
@@ -8,29 +9,73 @@ import torch
 from tba_ext.tasks.rewards import compute_score
 
 
-def greedy_accuracy(model_dir: str, parquet_path: str, max_new_tokens: int = 8, batch_size: int = 64,
-                    limit: int | None = None) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+def read_split(parquet_path: str, limit: int | None = None) -> pd.DataFrame:
     frame = pd.read_parquet(parquet_path)
     if limit:
         frame = frame.iloc[:limit]
     if frame.empty:
         raise ValueError(f"{parquet_path}: no rows to evaluate")
-    scores = []
-    for start in range(0, len(frame), batch_size):
-        rows = frame.iloc[start : start + batch_size]
-        prompts = [tokenizer.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False)
-                   for p in rows["prompt"]]
+    return frame
+
+
+@torch.no_grad()
+def generate(model_dir: str, chats: list, max_new_tokens: int, batch_size: int = 64, sample: bool = False,
+             seed: int = 0) -> list[str]:
+    """The policy's responses to verl chat prompts: greedy, or sampled at temperature 1."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(seed)
+    texts = []
+    for start in range(0, len(chats), batch_size):
+        prompts = [tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False)
+                   for c in chats[start : start + batch_size]]
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        for text, (_, row) in zip(texts, rows.iterrows()):
-            scores.append(float(compute_score(row["data_source"], text, row["reward_model"]["ground_truth"],
-                                              row["extra_info"])))
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=sample, top_k=0 if sample else None,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return texts
+
+
+def greedy_accuracy(model_dir: str, parquet_path: str, max_new_tokens: int = 8, batch_size: int = 64,
+                    limit: int | None = None) -> dict:
+    frame = read_split(parquet_path, limit)
+    texts = generate(model_dir, list(frame["prompt"]), max_new_tokens, batch_size)
+    scores = [float(compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"]))
+              for text, (_, row) in zip(texts, frame.iterrows())]
     return {"accuracy": sum(scores) / len(scores), "n": len(scores)}
+
+
+def tldr_win_rate(model_dir: str, parquet_path: str, reward_model_path: str, max_new_tokens: int = 128,
+                  limit: int | None = None) -> dict:
+    """Greedy summaries scored by the reward model against the reference summaries (the paper's win rate)."""
+    from tba_ext.tasks.scorers import check_model_path, reward_model_scores
+    from tba_ext.tasks.tldr import rm_text, win_rate
+
+    check_model_path(reward_model_path, "reward_model_path")
+    frame = read_split(parquet_path, limit)
+    summaries = generate(model_dir, list(frame["prompt"]), max_new_tokens)
+    posts = [extra["prompt_text"] for extra in frame["extra_info"]]
+    generated = reward_model_scores(reward_model_path, [rm_text(p, s) for p, s in zip(posts, summaries)])
+    reference = reward_model_scores(reward_model_path, [rm_text(p, extra["answer_text"])
+                                                        for p, extra in zip(posts, frame["extra_info"])])
+    return {"win_rate": win_rate(generated, reference), "n": len(summaries),
+            "mean_reward": sum(generated) / len(generated), "mean_reference_reward": sum(reference) / len(reference)}
+
+
+def redteam_eval(model_dir: str, parquet_path: str, victim_model_path: str, toxicity_model_path: str,
+                 max_new_tokens: int = 32, limit: int | None = None, embedder: str | None = None,
+                 threshold: float = 0.5, seed: int = 0) -> dict:
+    """Sampled attacks (temperature 1, as the attacker is used): attack success rate and diversity."""
+    from tba_ext.tasks.redteam import attack_success_rate, diversity, toxicity_rewards
+    from tba_ext.tasks.scorers import check_model_path
+
+    check_model_path(victim_model_path, "victim_model_path")
+    check_model_path(toxicity_model_path, "toxicity_model_path")
+    frame = read_split(parquet_path, limit)
+    attacks = generate(model_dir, list(frame["prompt"]), max_new_tokens, sample=True, seed=seed)
+    toxicity, _ = toxicity_rewards(attacks, victim_model_path, toxicity_model_path)
+    return {"attack_success_rate": attack_success_rate(toxicity, threshold), "n": len(attacks),
+            "mean_toxicity": sum(toxicity) / len(toxicity), "diversity": diversity(attacks, embedder)}

@@ -22,6 +22,11 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+HEADS = {
+    "lm": {},
+    "reward": {"num_labels": 1},
+    "toxicity": {"num_labels": 2, "id2label": {0: "non-toxic", 1: "toxic"}, "label2id": {"non-toxic": 0, "toxic": 1}},
+}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -55,9 +60,13 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return tok
 
 
-def build_model(spec: ModelSpec, tokenizer):
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+def build_model(spec: ModelSpec, tokenizer, head: str = "lm"):
+    """A Qwen2 causal LM (``head="lm"``), a one-logit reward model (``"reward"``) or a two-label
+    non-toxic/toxic classifier (``"toxicity"``); the scorers are for the TL;DR and red-teaming fixtures."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
+    if head not in HEADS:
+        raise ValueError(f"unknown model head {head!r}; choose one of {', '.join(HEADS)}")
     if spec.size not in SIZES:
         raise ValueError(f"unknown model size {spec.size!r}; choose one of {sorted(SIZES)}")
     hidden, layers, heads, kv_heads, inter = SIZES[spec.size]
@@ -75,7 +84,10 @@ def build_model(spec: ModelSpec, tokenizer):
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
         torch_dtype="float32",
+        **HEADS[head],
     )
+    if head != "lm":
+        return Qwen2ForSequenceClassification(config)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
@@ -83,14 +95,14 @@ def build_model(spec: ModelSpec, tokenizer):
     return model
 
 
-def make_model(out_dir: str, texts: list[str], spec: ModelSpec) -> dict:
+def make_model(out_dir: str, texts: list[str], spec: ModelSpec, head: str = "lm") -> dict:
     """Train the tokenizer on ``texts``, build the model, save both to ``out_dir``; returns a summary."""
     tokenizer = train_tokenizer(texts, spec.vocab_size)
-    model = build_model(spec, tokenizer)
+    model = build_model(spec, tokenizer, head)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    summary = dict(asdict(spec), parameters=sum(p.numel() for p in model.parameters()), vocab=len(tokenizer))
+    summary = dict(asdict(spec), head=head, parameters=sum(p.numel() for p in model.parameters()), vocab=len(tokenizer))
     with open(os.path.join(out_dir, "tba_ext_model.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary

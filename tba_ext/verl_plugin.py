@@ -34,6 +34,10 @@ def _register() -> None:
 
     REGISTERED["checkpoint_engine"] = [ray_checkpoint_engine.BACKEND]
 
+    from tba_ext.adapters import reward_manager
+
+    REGISTERED["reward_manager"] = [reward_manager.NAME]
+
     from tba_ext.adapters import trainer
 
     REGISTERED["trainer_mode"] = list(trainer.TRAINER_NAMES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-TASKS = ("arith", "gsm_symbolic", "gsm8k")
+TASKS = ("arith", "gsm_symbolic", "gsm8k", "tldr", "redteam")
 
 
 def rows_for(task: str, split: str, size: int, seed: int, source: str | None = None) -> list[dict]:
@@ -23,6 +23,16 @@ def rows_for(task: str, split: str, size: int, seed: int, source: str | None = N
         if not source:
             raise ValueError("task gsm8k reads a user-supplied copy: pass --source DIR (jsonl or parquet)")
         return gsm8k.load_rows(source, split, size)
+    if task == "tldr":
+        from tba_ext.tasks import tldr
+
+        if not source:
+            raise ValueError("task tldr reads a user-supplied copy: pass --source DIR (jsonl or parquet)")
+        return tldr.load_rows(source, split, size)
+    if task == "redteam":
+        from tba_ext.tasks import redteam
+
+        return redteam.rows(split, size, seed)
     raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
 
 
@@ -43,11 +53,11 @@ def write_task(task: str, out: str, train_size: int, test_size: int, seed: int, 
     return summary
 
 
-def corpus_for(task: str, seed: int) -> list[str]:
+def corpus_for(task: str, seed: int, source: str | None = None) -> list[str]:
     """Tokenizer training text for a task: its prompts and answers in chat form."""
     if task == "arith":
         from tba_ext.tasks import arith
 
         return arith.corpus(arith.make_problems(5000, seed=seed) + arith.make_problems(500, seed=seed, split="test"))
-    rows = rows_for(task, "train", 2000, seed)
+    rows = rows_for(task, "train", 2000, seed, source)
     return [r["prompt"][0]["content"] + "\n" + r["extra_info"].get("answer_text", "") for r in rows]

@@ -1,6 +1,9 @@
 """Reward functions in verl's ``custom_reward_function`` convention: compute_score(data_source, solution_str,
-ground_truth, extra_info) -> float. Select with reward.custom_reward_function.path=pkg://tba_ext.tasks.rewards
-and .name=compute_score.
+ground_truth, extra_info, **reward_kwargs) -> float. Select with
+reward.custom_reward_function.path=pkg://tba_ext.tasks.rewards and .name=compute_score.
+
+Model-scored tasks read their models from reward_kwargs: TL;DR ``reward_model_path``; red-teaming
+``victim_model_path`` and ``toxicity_model_path`` (+ ``victim_max_new_tokens``).
 """
 
 from __future__ import annotations
@@ -39,4 +42,19 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         from tba_ext.tasks.gsm8k import gsm8k_score
 
         return gsm8k_score(solution_str, ground_truth, rule=(extra_info or {}).get("grading", "math_verify"))
+    if data_source == "tba_ext/tldr":
+        from tba_ext.tasks.scorers import check_model_path, reward_model_scores
+        from tba_ext.tasks.tldr import rm_text
+
+        path = check_model_path(kwargs.get("reward_model_path"), "reward_model_path")
+        return reward_model_scores(path, [rm_text((extra_info or {})["prompt_text"], solution_str)])[0]
+    if data_source == "tba_ext/redteam":
+        from tba_ext.tasks.redteam import toxicity_rewards
+        from tba_ext.tasks.scorers import check_model_path
+
+        victim = check_model_path(kwargs.get("victim_model_path"), "victim_model_path")
+        classifier = check_model_path(kwargs.get("toxicity_model_path"), "toxicity_model_path")
+        toxicity, _ = toxicity_rewards([solution_str], victim, classifier,
+                                       int(kwargs.get("victim_max_new_tokens", 32)))
+        return toxicity[0]
     raise ValueError(f"tba-ext has no reward for data_source {data_source!r}")
