@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,7 @@ def preflight(cfg) -> None:
     from tba_ext.core.settings import check_tb_run, parse_replay_settings, parse_settings
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.models import check_model_dir
+    from tba_ext.tasks.data import check_dataset
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     parse_settings(plain.get("tba"))
@@ -45,11 +47,13 @@ def preflight(cfg) -> None:
     if (sampler.get("custom_sampler") or {}).get("name") == "TBAReplaySampler":
         parse_replay_settings(sampler.get("sampler_kwargs"), "trainer.v1.sampler.sampler_kwargs.")
     check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
+    reward_kwargs = (plain["reward"].get("custom_reward_function") or {}).get("reward_kwargs") or {}
     for key in ("train_files", "val_files"):
         files = plain["data"][key]
         for path in [files] if isinstance(files, str) else files:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"data.{key}: no such file: {path} (build it with `tba-ext prepare-data`)")
+            check_dataset(path, f"data.{key}", plain["data"].get("prompt_key", "prompt"), reward_kwargs)
     rollout = plain["actor_rollout_ref"]["rollout"]["name"]
     if cpu_runtime_active() and rollout != "hfcpu":
         raise ValueError(
@@ -90,6 +94,7 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
 
     def pump():  # Ray's daemons inherit the pipe, so reading runs in its own thread and never blocks exit
         for line in proc.stdout:
+            remember_cause(line)
             if log and not log.closed:
                 log.write(line)
                 log.flush()
@@ -99,6 +104,13 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
             if shown:
                 sys.stdout.write(shown)
                 sys.stdout.flush()
+
+    causes: list[str] = []  # the first error tba-ext raised inside Ray; verl's own final error hides it
+
+    def remember_cause(line: str) -> None:
+        match = _TBA_ERROR.search(line)
+        if match and not causes:
+            causes.append(match.group(0).strip())
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -124,8 +136,12 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
             log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
     if check and rc != 0:
-        raise RuntimeError(f"verl exited with code {rc}" + (f"; full log: {log_path}" if log_path else ""))
+        cause = f": {causes[0]}" if causes else ""
+        raise RuntimeError(f"verl exited with code {rc}{cause}" + (f"; full log: {log_path}" if log_path else ""))
     return rc
+
+
+_TBA_ERROR = re.compile(r"tba_ext\.[\w.]+Error: .*")
 
 
 class _Terminated(Exception):

@@ -32,11 +32,13 @@ def start_train(config, run_dir, tmp_path, *overrides, env=None):
     return proc, metrics
 
 
-def wait_for(predicate, timeout, what):
+def wait_for(predicate, timeout, what, proc=None):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended (code {proc.returncode}) before {what}:\n{proc.stdout.read()[-3000:]}")
         time.sleep(1)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -51,7 +53,7 @@ def test_decoupled_run_syncs_every_k_and_survives_a_searcher_crash(tiny_run, tmp
     proc, metrics = start_train("cpu_tba_decoupled", tiny_run, tmp_path, "trainer.total_training_steps=6",
                                 env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
     try:
-        wait_for(lambda: len(steps_logged(metrics)) >= 2, 600, "two trainer steps")
+        wait_for(lambda: len(steps_logged(metrics)) >= 2, 600, "two trainer steps", proc)
         sid = verl_session(proc)
         searchers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
         assert len(searchers) == 1  # the searcher is its own Ray actor process, apart from the trainer
@@ -71,7 +73,7 @@ def test_decoupled_run_syncs_every_k_and_survives_a_searcher_crash(tiny_run, tmp
     assert all(0.0 <= d["tba/trainer_idle_ratio"] <= 1.0 for d in data)
     # the restarted searcher serves stamped weights: every trajectory it produced carries a version
     assert data[-1].get("replay/rejected_unknown_version", 0) == 0
-    versions = [json.loads(x)["global_steps"] for x in trace.read_text().splitlines()]
+    versions = [e["global_steps"] for e in map(json.loads, trace.read_text().splitlines()) if e["event"] == "weights"]
     # one weight version per trainer step (each step = k local updates); the restarted searcher carries on
     assert versions[0] == 0 and versions == sorted(versions) and versions[-1] >= 5
     assert not session_pids(verl_session(proc) or -1)
@@ -79,7 +81,7 @@ def test_decoupled_run_syncs_every_k_and_survives_a_searcher_crash(tiny_run, tmp
 
 def test_ctrl_c_stops_the_run_and_all_its_processes(tiny_run, tmp_path):
     proc, metrics = start_train("cpu_tb", tiny_run, tmp_path, "trainer.total_training_steps=50")
-    wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step")
+    wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
     sid = verl_session(proc)
     assert sid and session_pids(sid)
     proc.send_signal(signal.SIGINT)

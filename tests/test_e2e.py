@@ -34,7 +34,7 @@ def test_dr_grpo_trains_and_the_rollout_serves_the_new_weights(tiny_run, tmp_pat
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(math.isfinite(x) for x in series(records, "actor/pg_loss"))
     assert max(series(records, "actor/grad_norm")) > 0
-    loads = [json.loads(x) for x in trace.read_text().splitlines()]
+    loads = [e for e in map(json.loads, trace.read_text().splitlines()) if e["event"] == "weights"]
     versions = [x["global_steps"] for x in loads]
     assert versions == sorted(versions) and versions[-1] >= 2  # synced after every step
     checksums = [x["checksum"] for x in loads]
@@ -43,45 +43,55 @@ def test_dr_grpo_trains_and_the_rollout_serves_the_new_weights(tiny_run, tmp_pat
     assert max(series(records, "training/rollout_probs_diff_max")) < 1e-4
 
 
-def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_path):
-    """TB + replay in colocate_async; the driver is killed with SIGKILL mid-run, after a checkpoint; the
-    resumed run continues the step count without double counting and restores the saved replay store."""
+@pytest.mark.parametrize("kill_at", ["right_after_checkpoint", "during_generation"])
+def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_path, kill_at):
+    """TB + replay in colocate_async; the driver is killed with SIGKILL right after a checkpoint, or later
+    while the rollout is generating a batch; the resumed run continues the step count without double counting,
+    restores the saved replay store and carries on the beta schedule."""
     import signal
     import time
 
     from tba_ext.core.replay import load_checked
+    from tba_ext.core.tb import beta_at_step
     from tba_ext.launch import children, cmdline, session_pids
 
     def steps_logged(path):
         return read_metrics(path) if os.path.exists(path) else []
 
-    ckpt = tmp_path / "ckpt"
+    def trace_events():
+        return [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []
+
+    ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
+    beta_init, beta_final, anneal = 0.05, 0.01, 6
     common = [f"run_dir={tiny_run}", f"trainer.default_local_dir={ckpt}", "trainer.save_freq=2",
-              "trainer.total_training_steps=6"]
+              "trainer.total_training_steps=6", f"algorithm.kl_ctrl.kl_coef={beta_init}",
+              f"tba.beta.final={beta_final}", f"tba.beta.anneal_steps={anneal}"]
     first = tmp_path / "first.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "tba_ext.cli", "train", "--config", "cpu_tba", "--log",
                              str(tmp_path / "first.log"), "--metrics", str(first), *common],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, TBA_EXT_ROLLOUT_TRACE=str(trace)))
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    if kill_at == "right_after_checkpoint":
+        ready = lambda: tracker.exists()  # noqa: E731
+    else:  # a batch has started generating and not finished, after the step-2 checkpoint
+        ready = lambda: (len(steps_logged(first)) >= 3 and trace_events()  # noqa: E731
+                         and trace_events()[-1]["event"] == "generate_begin")
     deadline = time.time() + 600
-    while len(steps_logged(first)) < 3 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.5)
+    while not ready() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.005)
     driver = [p for p in children(proc.pid) if "verl.trainer.main_ppo" in cmdline(p)][0]
     os.kill(driver, signal.SIGKILL)
+    killed_mid_generation = trace_events()[-1]["event"] == "generate_begin"
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "verl exited with code -9" in out
     assert not session_pids(driver)  # the launcher cleaned up the killed run's Ray processes
+    if kill_at == "during_generation":
+        assert killed_mid_generation
 
     records = read_metrics(first)
-    assert max(series(records, "replay/fraction")) > 0
-    assert max(series(records, "replay/staleness_max")) > 0
-    assert max(series(records, "training/off_policy/trajectory_staleness/max")) > 0  # verl's own view agrees
-    for key in ("tb/beta", "tb/log_z", "tb/kl", "tb/zero_reward_variance_frac", "tb/mean_abs_advantage",
-                "actor/tb/residual_var"):
-        assert all(math.isfinite(x) for x in series(records, key)), key
-    assert max(series(records, "actor/grad_norm")) > 0
-
-    last = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
-    assert last >= 2 and last < 6
+    last = int(tracker.read_text())
+    assert 2 <= last < 6
     saved = ckpt / f"global_step_{last}" / REPLAY_FILE
     saved_bytes = saved.read_bytes()
     n_saved = len(load_checked(str(saved))["sampler"]["store"]["trajectories"])
@@ -93,6 +103,16 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_
     assert [r["step"] for r in resumed] == list(range(last + 1, 7))  # continues, no double counting
     assert series(resumed, "replay/restored_trajectories") == [n_saved]
     assert saved.read_bytes() == saved_bytes  # resuming never rewrites the old checkpoint
+    both = records + resumed
+    for r in both:  # the beta schedule follows the global step across the crash
+        assert r["data"]["tb/beta"] == pytest.approx(beta_at_step(r["step"], beta_init, beta_final, anneal))
+    for key in ("tb/log_z", "tb/kl", "tb/zero_reward_variance_frac", "tb/mean_abs_advantage",
+                "actor/tb/residual_var"):
+        assert all(math.isfinite(x) for x in series(both, key)), key
+    assert max(series(both, "actor/grad_norm")) > 0
+    assert max(series(both, "replay/fraction")) > 0
+    assert max(series(both, "replay/staleness_max")) > 0
+    assert max(series(both, "training/off_policy/trajectory_staleness/max")) > 0  # verl's own view agrees
 
 
 def test_bad_input_is_refused_before_ray_starts(tiny_run, tmp_path):
@@ -111,3 +131,48 @@ def test_bad_input_is_refused_before_ray_starts(tiny_run, tmp_path):
     r = cli("train", "--config", "cpu_tba", f"run_dir={tiny_run}",
             "trainer.v1.sampler.sampler_kwargs.recency_prob=2.0")
     assert r.returncode == 2 and "sampler_kwargs.recency_prob" in r.stderr
+
+
+BAD_REWARDS = {
+    # mode: (config, what the reward function does from its 65th call on = the 3rd step of 8 prompts x 4,
+    #        text the run's output must contain)
+    "raises": ("cpu_tb", "raise ZeroDivisionError('boom')", "raised ZeroDivisionError: boom"),
+    "string": ("cpu_tb", "return 'correct'", "returned str 'correct'"),
+    "nan": ("cpu_tb", "return float('nan')", "returned nan"),
+    "nan_replay": ("cpu_tba", "return float('nan')", "max_nonfinite_frac"),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(BAD_REWARDS))
+def test_a_bad_reward_function_stops_the_run_naming_it_and_keeps_checkpoints(tiny_run, tmp_path, mode):
+    from tba_ext.core.replay import load_checked
+
+    config, bad, message = BAD_REWARDS[mode]
+    fn = tmp_path / "my_reward.py"
+    fn.write_text(
+        "from tba_ext.tasks.rewards import compute_score as good\n"
+        "calls = 0\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls > 64:\n"
+        f"        {bad}\n"
+        "    return good(data_source, solution_str, ground_truth, extra_info)\n")
+    ckpt = tmp_path / "ckpt"
+    r = subprocess.run([sys.executable, "-m", "tba_ext.cli", "train", "--config", config, "--log",
+                        str(tmp_path / "verl.log"), f"run_dir={tiny_run}", "trainer.total_training_steps=5",
+                        "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}",
+                        "trainer.v1.colocate_async.num_warmup_batches=0",
+                        f"reward.custom_reward_function.path={fn}"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert message in r.stderr  # the run's final message is the cause, not verl's follow-on error
+    if mode != "nan_replay":  # the error names the function, the data source and the dataset row
+        assert f"reward function {fn}:compute_score (reward.custom_reward_function) on " \
+               "data_source='tba_ext/arith', train row with extra_info.index=" in r.stderr
+    # what was saved before the failure is intact and loadable
+    last = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    assert last == 2
+    assert (ckpt / "global_step_2" / "actor").is_dir()
+    if config == "cpu_tba":
+        load_checked(str(ckpt / "global_step_2" / REPLAY_FILE))

@@ -97,7 +97,9 @@ def test_weight_update_changes_generation_and_version(tiny_run, server, tmp_path
     assert after.extra_fields["global_steps"] == 7
     assert before.log_probs != after.log_probs
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
-    assert lines[-1]["global_steps"] == 7
+    assert [e["event"] for e in lines] == ["generate_begin", "generate_end", "weights", "generate_begin",
+                                           "generate_end"]
+    assert lines[2]["global_steps"] == 7
 
 
 def test_server_refuses_a_missing_model_dir(tmp_path):

@@ -26,10 +26,9 @@ def _describe(config, item) -> str:
     fn = config.reward.get("custom_reward_function") or {}
     where = f"{fn.get('path')}:{fn.get('name')}" if fn.get("path") else "verl's default_compute_score"
     extra = item.non_tensor_batch.get("extra_info", {}) or {}
-    row = extra.get("index", "?")
-    split = extra.get("split", "?")
     return (f"reward function {where} (reward.custom_reward_function) on data_source="
-            f"{item.non_tensor_batch.get('data_source')!r}, {split} row {row}")
+            f"'{item.non_tensor_batch.get('data_source')}', {extra.get('split', '?')} row with "
+            f"extra_info.index={extra.get('index', '?')}")
 
 
 def _replay_tolerates_nonfinite(config) -> bool:

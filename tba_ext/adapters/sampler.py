@@ -61,6 +61,10 @@ def prompt_identity(row: dict) -> str:
     return hashlib.sha1(np.asarray(row["prompts"], dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
+class NonFiniteRewardError(RuntimeError):
+    pass
+
+
 class TBAReplaySampler(ReplayBufferAsync):
     """A verl ``ReplayBuffer`` that keeps, replays and persists trajectories by TBA's sampling rule."""
 
@@ -110,7 +114,7 @@ class TBAReplaySampler(ReplayBufferAsync):
     def _check_nonfinite(self) -> None:
         stats = self.store.stats
         if stats.seen and stats.rejected_nonfinite / stats.seen > self.settings.max_nonfinite_frac:
-            raise RuntimeError(
+            raise NonFiniteRewardError(
                 f"{stats.rejected_nonfinite} of {stats.seen} rewards were NaN/inf (more than "
                 f"trainer.v1.sampler.sampler_kwargs.max_nonfinite_frac={self.settings.max_nonfinite_frac}); "
                 "check the reward function"

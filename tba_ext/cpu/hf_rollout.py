@@ -42,6 +42,15 @@ class _Request:
         return (self.temperature, self.top_p, self.top_k)
 
 
+def _trace(record: dict) -> None:
+    """With TBA_EXT_ROLLOUT_TRACE=<file>: tests see from outside Ray which weights the rollout serves and
+    when a batch is being generated."""
+    path = os.environ.get("TBA_EXT_ROLLOUT_TRACE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(dict(record, time=time.time())) + "\n")
+
+
 def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token_ids: set[int]) -> list[dict]:
     """Left-pad the prompts, sample with HF ``generate`` and return per-request tokens and log-probs.
 
@@ -150,6 +159,7 @@ class HFCPUServer:
                 self.pending = [r for r in self.pending if not any(r is b for b in batch)]
                 async with self.model_lock:
                     start = time.perf_counter()
+                    _trace({"event": "generate_begin", "requests": len(batch)})
                     try:
                         results = await asyncio.to_thread(
                             generate_batch, self.model, batch, self.pad_token_id, self.eos_token_ids
@@ -158,6 +168,7 @@ class HFCPUServer:
                         for r in batch:
                             r.future.set_exception(exc)
                         continue
+                    _trace({"event": "generate_end"})
                     self.busy_seconds += time.perf_counter() - start
                     self.batches += 1
                     self.batch_sizes.append(len(batch))
@@ -206,10 +217,8 @@ class HFCPUServer:
                                    f"unexpected={unexpected}")
             self.global_steps = global_steps
             self.weight_loads += 1
-            trace = os.environ.get("TBA_EXT_ROLLOUT_TRACE")
-            if trace:  # lets tests see, from outside Ray, which weights the rollout really serves
-                with open(trace, "a") as f:
-                    f.write(json.dumps({"global_steps": global_steps, "checksum": self._checksum()}) + "\n")
+            if os.environ.get("TBA_EXT_ROLLOUT_TRACE"):
+                _trace({"event": "weights", "global_steps": global_steps, "checksum": self._checksum()})
         return {"global_steps": global_steps, "weight_loads": self.weight_loads}
 
     async def stats(self) -> dict:

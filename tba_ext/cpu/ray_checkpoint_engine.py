@@ -47,7 +47,10 @@ def full_cpu_state(weights: Generator[tuple[str, torch.Tensor], None, None]) -> 
 
 
 def _mailbox():
-    return WeightMailbox.options(name=MAILBOX, get_if_exists=True).remote()
+    # Detached: whichever process creates the mailbox first (trainer or searcher) may die or drop its handle
+    # (a searcher is SIGKILLed in the crash test); a non-detached actor would die with its creator's
+    # references. The run's Ray cluster, and the mailbox with it, ends with the run.
+    return WeightMailbox.options(name=MAILBOX, get_if_exists=True, lifetime="detached").remote()
 
 
 def latest_published() -> tuple[Any, dict | None]:

@@ -61,3 +61,41 @@ def corpus_for(task: str, seed: int, source: str | None = None) -> list[str]:
         return arith.corpus(arith.make_problems(5000, seed=seed) + arith.make_problems(500, seed=seed, split="test"))
     rows = rows_for(task, "train", 2000, seed, source)
     return [r["prompt"][0]["content"] + "\n" + r["extra_info"].get("answer_text", "") for r in rows]
+
+
+# reward_kwargs each model-scored data_source needs (checked before a run starts)
+REQUIRED_REWARD_KWARGS = {
+    "tba_ext/tldr": ("reward_model_path",),
+    "tba_ext/redteam": ("victim_model_path", "toxicity_model_path"),
+}
+
+
+def check_dataset(path: str, key: str, prompt_key: str = "prompt", reward_kwargs: dict | None = None) -> int:
+    """Refuse an empty file or a row verl would choke on later (no prompt, no ground truth, no data_source),
+    naming the config key, the file and the 1-based row; returns the number of rows."""
+    import pandas as pd
+
+    from tba_ext.tasks.scorers import check_model_path
+
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"{key}: {path} is not a readable parquet file ({exc})") from None
+    if frame.empty:
+        raise ValueError(f"{key}: {path} has no rows")
+    for column in (prompt_key, "reward_model", "data_source"):
+        if column not in frame.columns:
+            raise ValueError(f"{key}: {path} has no '{column}' column (build it with `tba-ext prepare-data`)")
+    for row, (prompt, reward, source) in enumerate(zip(frame[prompt_key], frame["reward_model"],
+                                                        frame["data_source"]), start=1):
+        messages = list(prompt) if prompt is not None and not isinstance(prompt, str) else []
+        if not messages or not all(isinstance(m, dict) and m.get("content") for m in messages):
+            raise ValueError(f"{key}: {path} row {row}: '{prompt_key}' must be a non-empty list of chat messages")
+        if not isinstance(reward, dict) or reward.get("ground_truth") is None:
+            raise ValueError(f"{key}: {path} row {row}: missing reward_model.ground_truth")
+        if not source:
+            raise ValueError(f"{key}: {path} row {row}: missing data_source")
+    for source in set(frame["data_source"]):
+        for kwarg in REQUIRED_REWARD_KWARGS.get(source, ()):
+            check_model_path((reward_kwargs or {}).get(kwarg), kwarg)
+    return len(frame)
