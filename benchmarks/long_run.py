@@ -1,0 +1,136 @@
+"""Long-run stability: TBA (tb + replay, colocate_async) for many CPU steps; memory, buffer size, non-finite values.
+
+    python benchmarks/long_run.py [--steps 200] [--capacity 2000] [--out benchmarks/results/long_run.json]
+
+The replay store is capped at ``--capacity`` trajectories so it fills part-way through the run; after that
+the resident memory of the whole run (verl driver + every Ray process of its session, summed) should stay
+flat. Reported: RSS slope (MB per 100 steps) before and after the store is full, store size over steps, and
+every non-finite metric value. JSON + PNG (RSS over steps, store size over steps).
+"""
+
+import argparse
+import json
+import math
+import os
+import threading
+import time
+
+import numpy as np
+import psutil
+
+from tba_ext import report
+from tba_ext.launch import children, cmdline, run_verl, session_pids
+from tba_ext.models import ModelSpec, make_model
+from tba_ext.tasks.data import corpus_for, write_task
+from tba_ext.warmstart import warm_start
+
+
+class SessionRSS(threading.Thread):
+    """Samples the summed RSS of the verl run this process started, every ``period`` seconds, with the
+    number of steps finished by then (lines in verl's metrics file)."""
+
+    def __init__(self, metrics_path: str, period: float = 2.0):
+        super().__init__(daemon=True)
+        self.metrics_path, self.period, self.samples, self.stop = metrics_path, period, [], threading.Event()
+
+    def run(self):
+        while not self.stop.wait(self.period):
+            drivers = [p for p in children(os.getpid()) if "verl.trainer.main_ppo" in cmdline(p)]
+            if not drivers:
+                continue
+            total = 0
+            for pid in session_pids(drivers[0]):
+                try:
+                    total += psutil.Process(pid).memory_info().rss
+                except psutil.Error:
+                    continue
+            try:
+                with open(self.metrics_path) as f:
+                    steps_done = sum(1 for line in f if line.strip())
+            except OSError:
+                steps_done = 0
+            self.samples.append((steps_done, total / 2**20))
+
+
+def slope_per_100_steps(steps, values) -> float | None:
+    if len(steps) < 3:
+        return None
+    return float(np.polyfit(np.asarray(steps, float), np.asarray(values, float), 1)[0] * 100)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--capacity", type=int, default=2000, help="replay store cap (trajectories)")
+    parser.add_argument("--run-dir", default="benchmarks/results/long_run_run")
+    parser.add_argument("--out", default="benchmarks/results/long_run.json")
+    args = parser.parse_args()
+    run = os.path.abspath(args.run_dir)
+    make_model(f"{run}/model_init", corpus_for("arith", 0), ModelSpec(size="tiny", seed=0))
+    write_task("arith", f"{run}/data", 2000, 64, 0)
+    warm_start(f"{run}/model_init", f"{run}/data/train.parquet", f"{run}/model", steps=150, log_every=0)
+    metrics = f"{run}/metrics.jsonl"
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    sampler = SessionRSS(metrics)
+    sampler.start()
+    start = time.time()
+    run_verl("cpu_tba", [f"run_dir={run}", f"trainer.total_training_steps={args.steps}",
+                         f"trainer.v1.sampler.sampler_kwargs.capacity={args.capacity}"],
+             log_path=f"{run}/verl.log", metrics_path=metrics)
+    sampler.stop.set()
+    wall = time.time() - start
+
+    records = report.read_metrics(metrics)
+    nonfinite = [{"step": r["step"], "key": k, "value": str(v)} for r in records for k, v in r["data"].items()
+                 if isinstance(v, float) and not math.isfinite(v)]
+    steps = [r["step"] for r in records]
+    store = [r["data"]["replay/store_trajectories"] for r in records]
+    samples = [(n, mb) for n, mb in sampler.samples if n >= 1]  # from the first finished step on
+    rss_steps, rss = [n for n, _ in samples], [mb for _, mb in samples]
+    full_at = next((s for s, n in zip(steps, store) if n >= args.capacity * 0.95), None)
+    after = [(s, m) for s, m in zip(rss_steps, rss) if full_at is not None and s >= full_at]
+    before = [(s, m) for s, m in zip(rss_steps, rss) if full_at is None or s < full_at]
+    result = {
+        "steps": len(records),
+        "wall_s": wall,
+        "replay_capacity": args.capacity,
+        "store_full_at_step": full_at,
+        "store_final": store[-1],
+        "rss_mb_first": rss[0] if rss else None,
+        "rss_mb_last": rss[-1] if rss else None,
+        "rss_mb_max": max(rss) if rss else None,
+        "rss_slope_mb_per_100_steps_before_full": slope_per_100_steps(*zip(*before)) if len(before) > 2 else None,
+        "rss_slope_mb_per_100_steps_after_full": slope_per_100_steps(*zip(*after)) if len(after) > 2 else None,
+        "nonfinite_values": nonfinite,
+        "goals": {"rss_slope_mb_per_100_steps_after_full": "about 0 (flat)", "nonfinite_values": "none"},
+    }
+    report.write_json(dict(result, rss_samples=list(zip(rss_steps, rss)), store=list(zip(steps, store))), args.out)
+    print(json.dumps(result, indent=2))
+    plot(rss_steps, rss, steps, store, full_at, args.out.replace(".json", ".png"))
+
+
+def plot(rss_steps, rss, steps, store, full_at, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.5))
+    a.plot(rss_steps, rss)
+    a.set_xlabel("step")
+    a.set_ylabel("RSS of the whole run (MB)")
+    b.plot(steps, store)
+    b.set_xlabel("step")
+    b.set_ylabel("replay store (trajectories)")
+    for ax in (a, b):
+        if full_at is not None:
+            ax.axvline(full_at, color="grey", ls="--", lw=1)
+    fig.suptitle("long-run stability (dashed: replay store full)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()
