@@ -131,6 +131,13 @@ def test_bad_input_is_refused_before_ray_starts(tiny_run, tmp_path):
     r = cli("train", "--config", "cpu_tba", f"run_dir={tiny_run}",
             "trainer.v1.sampler.sampler_kwargs.recency_prob=2.0")
     assert r.returncode == 2 and "sampler_kwargs.recency_prob" in r.stderr
+    import pandas as pd
+
+    pd.read_parquet(tiny_run / "data" / "train.parquet").iloc[:0].to_parquet(tmp_path / "empty.parquet")
+    r = cli("train", "--config", "cpu_tb", f"run_dir={tiny_run}", f"data.train_files={tmp_path}/empty.parquet")
+    assert r.returncode == 2 and "data.train_files" in r.stderr and "has no rows" in r.stderr
+    r = cli("prepare-data", "--task", "nope", "--out", str(tmp_path / "d"))
+    assert r.returncode == 2 and "unknown task 'nope'" in r.stderr and "Traceback" not in r.stderr
 
 
 BAD_REWARDS = {

@@ -49,3 +49,16 @@ def test_tba_and_drgrpo_twins_differ_only_in_algorithm_keys():
         assert a == b, key
     assert tba["actor_rollout_ref"]["model"] == drgrpo["actor_rollout_ref"]["model"]
     assert tba["actor_rollout_ref"]["rollout"]["n"] == drgrpo["actor_rollout_ref"]["rollout"]["n"]
+
+
+def test_tldr_scores_with_verls_reward_model_and_redteam_with_its_scorers():
+    def load(name):
+        with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
+            return OmegaConf.to_container(compose(config_name=name), resolve=True)
+
+    tldr = load("tba_pythia-1b_tldr")["reward"]
+    assert tldr["reward_model"]["enable"] and tldr["reward_model"]["rollout"]["name"] == "vllm"
+    assert tldr["custom_reward_function"]["path"] is None  # verl's discriminative-RM path, not a rule
+    redteam = load("tba_gpt2_redteam")["reward"]["custom_reward_function"]
+    assert redteam["path"] == "pkg://tba_ext.tasks.rewards"
+    assert {"victim_model_path", "toxicity_model_path"} <= set(redteam["reward_kwargs"])

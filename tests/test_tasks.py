@@ -46,3 +46,45 @@ def test_unknown_task_and_empty_split_are_refused(tmp_path):
         write_task("nope", str(tmp_path), 2, 2, 0)
     with pytest.raises(ValueError, match="train-size"):
         write_task("arith", str(tmp_path), 0, 2, 0)
+
+
+def test_dataset_check_names_the_key_file_and_row(tmp_path):
+    from tba_ext.tasks.data import check_dataset, rows_for
+
+    good = rows_for("arith", "train", 3, 0)
+    path = str(tmp_path / "train.parquet")
+
+    def write(rows):
+        pd.DataFrame(rows).to_parquet(path)
+
+    write(good)
+    assert check_dataset(path, "data.train_files") == 3
+    write([good[0], dict(good[1], prompt=[]), good[2]])
+    with pytest.raises(ValueError, match=r"data.train_files: .*train.parquet row 2: 'prompt' must be"):
+        check_dataset(path, "data.train_files")
+    write([good[0], good[1], dict(good[2], reward_model={"style": "rule", "ground_truth": None})])
+    with pytest.raises(ValueError, match=r"row 3: missing reward_model.ground_truth"):
+        check_dataset(path, "data.train_files")
+    write([{k: v for k, v in r.items() if k != "data_source"} for r in good])
+    with pytest.raises(ValueError, match=r"no 'data_source' column"):
+        check_dataset(path, "data.val_files")
+    pd.DataFrame(columns=list(good[0])).to_parquet(path)
+    with pytest.raises(ValueError, match=r"data.train_files: .* has no rows"):
+        check_dataset(path, "data.train_files")
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match=r"not a readable parquet"):
+        check_dataset(str(tmp_path / "junk.parquet"), "data.train_files")
+
+
+def test_model_scored_tasks_need_their_models_before_launch(tmp_path):
+    from tba_ext.tasks.data import check_dataset, rows_for
+
+    path = str(tmp_path / "train.parquet")
+    pd.DataFrame(rows_for("redteam", "train", 2, 0)).to_parquet(path)
+    with pytest.raises(ValueError, match=r"reward_kwargs.victim_model_path is required"):
+        check_dataset(path, "data.train_files")
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"reward_kwargs.toxicity_model_path: no saved"):
+        check_dataset(path, "data.train_files", reward_kwargs={"victim_model_path": str(tmp_path / "victim"),
+                                                               "toxicity_model_path": str(tmp_path / "x")})
