@@ -38,10 +38,11 @@ class SessionRSS(threading.Thread):
             drivers = [p for p in children(os.getpid()) if "verl.trainer.main_ppo" in cmdline(p)]
             if not drivers:
                 continue
-            total = 0
+            by_process: dict[str, float] = {}
             for pid in session_pids(drivers[0]):
                 try:
-                    total += psutil.Process(pid).memory_info().rss
+                    label = process_label(pid)
+                    by_process[label] = by_process.get(label, 0.0) + psutil.Process(pid).memory_info().rss / 2**20
                 except psutil.Error:
                     continue
             try:
@@ -49,7 +50,18 @@ class SessionRSS(threading.Thread):
                     steps_done = sum(1 for line in f if line.strip())
             except OSError:
                 steps_done = 0
-            self.samples.append((steps_done, total / 2**20))
+            self.samples.append((steps_done, sum(by_process.values()), by_process))
+
+
+def process_label(pid: int) -> str:
+    """Ray workers by actor class (``ray::TaskRunnerV1``, ``ray::WorkerDict``...), others by program."""
+    words = cmdline(pid).split()
+    if not words:
+        return "?"
+    if words[0].startswith("ray::"):
+        return words[0].split(".")[0]
+    return os.path.basename(words[1] if os.path.basename(words[0]).startswith("python") and len(words) > 1
+                            else words[0])
 
 
 def slope_per_100_steps(steps, values) -> float | None:
@@ -61,7 +73,7 @@ def slope_per_100_steps(steps, values) -> float | None:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--capacity", type=int, default=2000, help="replay store cap (trajectories)")
+    parser.add_argument("--capacity", type=int, default=300, help="replay store cap (trajectories)")
     parser.add_argument("--run-dir", default="benchmarks/results/long_run_run")
     parser.add_argument("--out", default="benchmarks/results/long_run.json")
     args = parser.parse_args()
@@ -86,11 +98,20 @@ def main():
                  if isinstance(v, float) and not math.isfinite(v)]
     steps = [r["step"] for r in records]
     store = [r["data"]["replay/store_trajectories"] for r in records]
-    samples = [(n, mb) for n, mb in sampler.samples if n >= 1]  # from the first finished step on
-    rss_steps, rss = [n for n, _ in samples], [mb for _, mb in samples]
-    full_at = next((s for s, n in zip(steps, store) if n >= args.capacity * 0.95), None)
+    # from the first finished step until the last one (the final sample is taken while the run shuts down)
+    samples = [x for x in sampler.samples if 1 <= x[0] < len(records)]
+    rss_steps, rss = [n for n, _, _ in samples], [mb for _, mb, _ in samples]
+    full_at = next((s for s, n in zip(steps, store) if n >= args.capacity), None)
     after = [(s, m) for s, m in zip(rss_steps, rss) if full_at is not None and s >= full_at]
     before = [(s, m) for s, m in zip(rss_steps, rss) if full_at is None or s < full_at]
+    # which processes grow: per-process slope over the samples after the store is full (or all of them)
+    window = [x for x in samples if full_at is None or x[0] >= full_at]
+    labels = sorted({k for _, _, by in window for k in by})
+    per_process = {}
+    for label in labels:
+        pts = [(n, by[label]) for n, _, by in window if label in by]
+        if len(pts) > 2:
+            per_process[label] = {"mb_last": pts[-1][1], "slope_mb_per_100_steps": slope_per_100_steps(*zip(*pts))}
     result = {
         "steps": len(records),
         "wall_s": wall,
@@ -102,6 +123,7 @@ def main():
         "rss_mb_max": max(rss) if rss else None,
         "rss_slope_mb_per_100_steps_before_full": slope_per_100_steps(*zip(*before)) if len(before) > 2 else None,
         "rss_slope_mb_per_100_steps_after_full": slope_per_100_steps(*zip(*after)) if len(after) > 2 else None,
+        "per_process": per_process,
         "nonfinite_values": nonfinite,
         "goals": {"rss_slope_mb_per_100_steps_after_full": "about 0 (flat)", "nonfinite_values": "none"},
     }

@@ -37,6 +37,7 @@ def preflight(cfg) -> None:
     """Every check that can fail before Ray starts, each naming the key or path at fault."""
     from tba_ext.core.settings import check_tb_run, parse_replay_settings, parse_settings
     from tba_ext.cpu.runtime import cpu_runtime_active
+    from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
     from tba_ext.models import check_model_dir
     from tba_ext.tasks.data import check_dataset
 
@@ -55,11 +56,13 @@ def preflight(cfg) -> None:
                 raise FileNotFoundError(f"data.{key}: no such file: {path} (build it with `tba-ext prepare-data`)")
             check_dataset(path, f"data.{key}", plain["data"].get("prompt_key", "prompt"), reward_kwargs)
     rollout = plain["actor_rollout_ref"]["rollout"]["name"]
-    if cpu_runtime_active() and rollout != "hfcpu":
+    if cpu_runtime_active() and rollout not in ("hfcpu", "vllm"):
         raise ValueError(
             f"actor_rollout_ref.rollout.name={rollout} needs a GPU build; on this CPU host use hfcpu "
-            "(or set TBA_EXT_CPU_RUNTIME=off on a GPU machine)"
+            "(or vllm with vllm-cpu installed; or set TBA_EXT_CPU_RUNTIME=off on a GPU machine)"
         )
+    if cpu_runtime_active() and rollout == "vllm":
+        check_vllm_cpu_model(plain["actor_rollout_ref"]["model"]["path"])
     if cpu_runtime_active() and plain["actor_rollout_ref"]["actor"]["strategy"] != "fsdp2":
         raise ValueError("actor_rollout_ref.actor.strategy must be fsdp2 on CPU (FSDP1/Megatron need a GPU)")
 

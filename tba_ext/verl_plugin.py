@@ -32,8 +32,7 @@ def _register() -> None:
 
     from tba_ext.adapters import rollout
 
-    rollout.register()
-    REGISTERED["rollout"] = [rollout.NAME]
+    REGISTERED["rollout"] = rollout.register()
 
     from tba_ext.cpu import ray_checkpoint_engine
 

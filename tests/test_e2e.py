@@ -126,8 +126,8 @@ def test_bad_input_is_refused_before_ray_starts(tiny_run, tmp_path):
     assert r.returncode == 2 and "data.train_files" in r.stderr
     r = cli("train", "--config", "cpu_tb", f"run_dir={tiny_run}", "actor_rollout_ref.rollout.n=1")
     assert r.returncode == 2 and "actor_rollout_ref.rollout.n" in r.stderr
-    r = cli("train", "--config", "cpu_tb", f"run_dir={tiny_run}", "actor_rollout_ref.rollout.name=vllm")
-    assert r.returncode == 2 and "actor_rollout_ref.rollout.name=vllm" in r.stderr
+    r = cli("train", "--config", "cpu_tb", f"run_dir={tiny_run}", "actor_rollout_ref.rollout.name=sglang")
+    assert r.returncode == 2 and "actor_rollout_ref.rollout.name=sglang" in r.stderr
     r = cli("train", "--config", "cpu_tba", f"run_dir={tiny_run}",
             "trainer.v1.sampler.sampler_kwargs.recency_prob=2.0")
     assert r.returncode == 2 and "sampler_kwargs.recency_prob" in r.stderr

