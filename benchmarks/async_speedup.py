@@ -10,28 +10,19 @@ overlap ratio (gen + train) / max(gen, train) computed from the sync run's own t
 timeline (per step: trainer waiting vs computing, and searcher busy fraction).
 """
 
-import argparse
 import json
 import os
 import time
 
 from tba_ext import report
 from tba_ext.launch import run_verl
-from tba_ext.models import ModelSpec, make_model
-from tba_ext.tasks.data import corpus_for, write_task
-from tba_ext.warmstart import warm_start
+
+from common import parse_args, prepare_run
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--run-dir", default="benchmarks/results/async_speedup_run")
-    parser.add_argument("--out", default="benchmarks/results/async_speedup.json")
-    args = parser.parse_args()
-    run = os.path.abspath(args.run_dir)
-    make_model(f"{run}/model_init", corpus_for("arith", 0), ModelSpec(size="tiny", seed=0))
-    write_task("arith", f"{run}/data", 1000, 64, 0)
-    warm_start(f"{run}/model_init", f"{run}/data/train.parquet", f"{run}/model", steps=150, log_every=0)
+    args = parse_args("async_speedup", steps=10)
+    run = prepare_run(args.run_dir, train_size=1000)
     common = [f"run_dir={run}", f"trainer.total_training_steps={args.steps}", "data.train_batch_size=16",
               "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
     runs = {}

@@ -8,7 +8,6 @@ flat. Reported: RSS slope (MB per 100 steps) before and after the store is full,
 every non-finite metric value. JSON + PNG (RSS over steps, store size over steps).
 """
 
-import argparse
 import json
 import math
 import os
@@ -20,9 +19,8 @@ import psutil
 
 from tba_ext import report
 from tba_ext.launch import children, cmdline, run_verl, session_pids
-from tba_ext.models import ModelSpec, make_model
-from tba_ext.tasks.data import corpus_for, write_task
-from tba_ext.warmstart import warm_start
+
+from common import parse_args, prepare_run
 
 
 class SessionRSS(threading.Thread):
@@ -71,16 +69,9 @@ def slope_per_100_steps(steps, values) -> float | None:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--capacity", type=int, default=300, help="replay store cap (trajectories)")
-    parser.add_argument("--run-dir", default="benchmarks/results/long_run_run")
-    parser.add_argument("--out", default="benchmarks/results/long_run.json")
-    args = parser.parse_args()
-    run = os.path.abspath(args.run_dir)
-    make_model(f"{run}/model_init", corpus_for("arith", 0), ModelSpec(size="tiny", seed=0))
-    write_task("arith", f"{run}/data", 2000, 64, 0)
-    warm_start(f"{run}/model_init", f"{run}/data/train.parquet", f"{run}/model", steps=150, log_every=0)
+    args = parse_args("long_run", steps=200, extra=lambda p: p.add_argument(
+        "--capacity", type=int, default=300, help="replay store cap (trajectories)"))
+    run = prepare_run(args.run_dir, train_size=2000)
     metrics = f"{run}/metrics.jsonl"
     if os.path.exists(metrics):
         os.remove(metrics)

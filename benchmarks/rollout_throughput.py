@@ -8,27 +8,20 @@ data, batch (16 prompts x 4) and 32-token responses; only actor_rollout_ref.roll
 generated response tokens / timing_s/gen, summed over the steps after the first (warm-up).
 """
 
-import argparse
 import json
 import os
 
 from tba_ext import report
 from tba_ext.launch import run_verl
-from tba_ext.models import ModelSpec, make_model
-from tba_ext.tasks.data import corpus_for, write_task
+
+from common import parse_args, prepare_run
 
 BACKENDS = {"hfcpu (transformers)": [], "vllm (verl vLLM replica)": ["+cpu_rollout=vllm"]}
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--run-dir", default="benchmarks/results/rollout_throughput_run")
-    parser.add_argument("--out", default="benchmarks/results/rollout_throughput.json")
-    args = parser.parse_args()
-    run = os.path.abspath(args.run_dir)
-    make_model(f"{run}/model", corpus_for("arith", 0), ModelSpec(size="small", seed=0))
-    write_task("arith", f"{run}/data", 1000, 32, 0)
+    args = parse_args("rollout_throughput", steps=6)
+    run = prepare_run(args.run_dir, train_size=1000, size="small", warm_steps=0)
     common = [f"run_dir={run}", f"trainer.total_training_steps={args.steps}", "data.train_batch_size=16",
               "actor_rollout_ref.actor.ppo_mini_batch_size=16", "data.max_response_length=32",
               "actor_rollout_ref.rollout.max_model_len=64"]
