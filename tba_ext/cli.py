@@ -55,7 +55,7 @@ def cmd_train(args) -> int:
     overrides = list(args.overrides)
     if args.run_dir:
         overrides.append(f"run_dir={os.path.abspath(args.run_dir)}")
-    run_verl(args.config, overrides, log_path=args.log, metrics_path=args.metrics)
+    run_verl(args.config, overrides, log_path=args.log, metrics_path=args.metrics, stall_timeout=args.stall_timeout)
     return 0
 
 
@@ -117,6 +117,8 @@ def main(argv=None) -> int:
     p.add_argument("--run-dir", default=None, help="folder with model/ and data/ (sets run_dir=)")
     p.add_argument("--log", default=None, help="write verl's full output here")
     p.add_argument("--metrics", default=None, help="write verl's per-step metrics here as JSONL")
+    p.add_argument("--stall-timeout", type=float, default=None,
+                   help="stop the run when no step finishes for this many seconds (a hung worker)")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_train)
 

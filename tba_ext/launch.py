@@ -68,11 +68,17 @@ def preflight(cfg) -> None:
 
 
 def run_verl(config_name: str, overrides: list[str], log_path: str | None = None, check: bool = True,
-             metrics_path: str | None = None, extra_env: dict | None = None) -> int:
+             metrics_path: str | None = None, extra_env: dict | None = None,
+             stall_timeout: float | None = None, startup_timeout: float = 1800.0) -> int:
     """Run ``python -m verl.trainer.main_ppo`` with our config dir; returns its exit code.
 
     ``metrics_path``: verl's own file logger writes every step's metrics there as JSONL.
+    ``stall_timeout``: stop the run when no training step finishes for this many seconds (a hung or frozen
+    worker leaves verl waiting forever); the first step may take ``startup_timeout``. Default from
+    ``TBA_EXT_STALL_TIMEOUT`` (unset: no limit).
     """
+    if stall_timeout is None and os.environ.get("TBA_EXT_STALL_TIMEOUT"):
+        stall_timeout = float(os.environ["TBA_EXT_STALL_TIMEOUT"])
     cfg = compose(config_name, overrides)
     preflight(cfg)
     ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
@@ -101,7 +107,8 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
             if log and not log.closed:
                 log.write(line)
                 log.flush()
-            shown = progress.line(line) if not _verbose() else line
+            summary = progress.line(line)  # also the stall watchdog's clock
+            shown = line if _verbose() else summary
             if shown is None and ("Error" in line or "error:" in line) and "Warning" not in line:
                 shown = line
             if shown:
@@ -118,13 +125,18 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    stalled = None
     try:
         while True:
             try:
                 rc = proc.wait(timeout=0.5)
                 break
             except subprocess.TimeoutExpired:
-                continue
+                stalled = progress.stalled(stall_timeout, startup_timeout) if stall_timeout else None
+                if stalled:
+                    _terminate(proc)
+                    rc = proc.returncode if proc.returncode is not None else -9
+                    break
     except (KeyboardInterrupt, _Terminated):
         _terminate(proc)
         raise KeyboardInterrupt from None
@@ -138,6 +150,10 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
         if log:
             log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    if stalled:
+        cause = f"; first error seen: {causes[0]}" if causes else ""
+        where = f"; full log: {log_path}" if log_path else ""
+        raise RuntimeError(f"{stalled}, so the run was stopped{cause}{where}")
     if check and rc != 0:
         cause = f": {causes[0]}" if causes else ""
         raise RuntimeError(f"verl exited with code {rc}{cause}" + (f"; full log: {log_path}" if log_path else ""))
@@ -167,6 +183,17 @@ class _Progress:
 
     def __init__(self, total: int):
         self.total, self.start = total, time.time()
+        self.last_step, self.last_step_time = 0, None
+
+    def stalled(self, stall_timeout: float, startup_timeout: float) -> str | None:
+        """Why the run counts as hung, or None."""
+        now = time.time()
+        if self.last_step_time is None:
+            if now - self.start > startup_timeout:
+                return f"no training step finished within {startup_timeout:.0f}s of the start"
+        elif now - self.last_step_time > stall_timeout:
+            return f"no training step finished in {stall_timeout:.0f}s after step {self.last_step}"
+        return None
 
     def line(self, raw: str) -> str | None:
         text = raw.split("\x1b[0m", 1)[-1].strip()
@@ -174,6 +201,7 @@ class _Progress:
             return None
         fields = dict(part.split(":", 1) for part in text.split(" - ") if ":" in part)
         step = int(fields.get("step", "0"))
+        self.last_step, self.last_step_time = step, time.time()
         elapsed = time.time() - self.start
         parts = [f"step {step}/{self.total}"]
         for key, label in self.KEYS:

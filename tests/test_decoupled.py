@@ -89,3 +89,24 @@ def test_ctrl_c_stops_the_run_and_all_its_processes(tiny_run, tmp_path):
     assert proc.returncode == 130, out[-2000:]
     assert "interrupted" in out
     wait_for(lambda: not session_pids(sid), 30, "the verl session to be empty")
+
+
+def test_a_frozen_rollout_worker_ends_the_run_within_the_stall_timeout(tiny_run, tmp_path):
+    """A worker that hangs (here: the rollout server SIGSTOPped after step 1) leaves verl waiting forever;
+    the launcher's watchdog stops the run, says so, and leaves no process of the session behind."""
+    proc, metrics = start_train("cpu_tb", tiny_run, tmp_path, "trainer.total_training_steps=20",
+                                "--stall-timeout", "40")
+    try:
+        wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
+        sid = verl_session(proc)
+        servers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
+        assert len(servers) == 1
+        os.kill(servers[0], signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=600)  # without the watchdog this would never return
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "no training step finished in 40s after step" in out and "so the run was stopped" in out
+    assert len(steps_logged(metrics)) < 20
+    assert not session_pids(sid)
