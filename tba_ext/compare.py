@@ -15,7 +15,7 @@ import time
 
 from tba_ext import report
 from tba_ext.launch import run_verl
-from tba_ext.quickstart import FULL, SHORT, prepare, training_overrides
+from tba_ext.quickstart import FULL, SHORT, STALL_TIMEOUT_S, prepare, training_overrides
 
 
 def run_overrides(run_dir: str, p: dict, seed: int, staleness: int, steps: int) -> list[str]:
@@ -49,7 +49,8 @@ def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,)) -> di
                 start = time.time()
                 run_verl(config, run_overrides(seed_dir, p, seed, s, steps)
                          + [f"trainer.v1.trainer_mode={async_mode if s else sync_mode}"],
-                         log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics)
+                         log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics,
+                         stall_timeout=STALL_TIMEOUT_S)
                 records = report.add_elapsed(report.read_metrics(metrics))
                 curves[label] = records
                 val_key = report.find_key(records, "val-core/", "mean@1")
