@@ -35,7 +35,7 @@ def list_configs() -> list[str]:
 
 def preflight(cfg) -> None:
     """Every check that can fail before Ray starts, each naming the key or path at fault."""
-    from tba_ext.core.settings import check_tb_run, parse_replay_settings, parse_settings
+    from tba_ext.core.settings import check_replay_run, check_tb_run, parse_settings
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
     from tba_ext.models import check_model_dir
@@ -44,9 +44,7 @@ def preflight(cfg) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
     parse_settings(plain.get("tba"))
     check_tb_run(plain)
-    sampler = plain["trainer"]["v1"]["sampler"]
-    if (sampler.get("custom_sampler") or {}).get("name") == "TBAReplaySampler":
-        parse_replay_settings(sampler.get("sampler_kwargs"), "trainer.v1.sampler.sampler_kwargs.")
+    check_replay_run(plain)
     check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
     reward_kwargs = (plain["reward"].get("custom_reward_function") or {}).get("reward_kwargs") or {}
     for key in ("train_files", "val_files"):

@@ -11,7 +11,7 @@ import verl  # noqa: F401
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
-from tba_ext.core.settings import check_tb_run, parse_replay_settings, parse_settings
+from tba_ext.core.settings import check_replay_run, check_tb_run, parse_settings
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
 GPU_CONFIGS = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml") and not f.startswith("_"))
@@ -25,9 +25,7 @@ def test_gpu_config_composes_and_validates(name):
     plain = OmegaConf.to_container(cfg, resolve=True)
     parse_settings(plain.get("tba"))
     check_tb_run(plain)
-    sampler = plain["trainer"]["v1"]["sampler"]
-    if (sampler.get("custom_sampler") or {}).get("name") == "TBAReplaySampler":
-        parse_replay_settings(sampler["sampler_kwargs"], "trainer.v1.sampler.sampler_kwargs.")
+    check_replay_run(plain)
     assert plain["actor_rollout_ref"]["rollout"]["name"] == "vllm"
     # verl's separate_async contract, checked in its trainer constructor
     if plain["trainer"]["v1"]["trainer_mode"] in ("separate_async", "tba_separate_async"):

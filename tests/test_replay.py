@@ -20,7 +20,13 @@ def fill(store, prompts=4, per_prompt=6, versions=(0, 1, 2), reward=lambda p, j:
     for v in versions:
         for p in range(prompts):
             for j in range(per_prompt):
-                store.add(Trajectory(f"p{p}", (v, p, j), reward(p, j), v, payload={"v": v}))
+                store.admit(Trajectory(f"p{p}", [v, p, j], reward(p, j), v), prompt_payload={"p": p})
+
+
+def sample(sampler, batch_size, k, version):
+    report = sampler.sample_groups(batch_size, k, version)
+    assert not report.missing
+    return report.groups
 
 
 def within(observed, expected, n, sigmas=5):
@@ -30,9 +36,9 @@ def within(observed, expected, n, sigmas=5):
 
 def test_recency_vs_replay_branch_frequency():
     store = TrajectoryStore(100, 10_000)
-    fill(store)
+    fill(store, prompts=40)
     sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.7, seed=1))
-    groups = [g for _ in range(400) for g in sampler.sample_groups(8, 4, current_version=2)]
+    groups = [g for _ in range(400) for g in sample(sampler, 8, 4, 2)]
     frac = np.mean([g.branch == "recency" for g in groups])
     assert within(frac, 0.7, len(groups))
     # recency groups only hold the freshest version; replay groups draw from all versions
@@ -42,38 +48,68 @@ def test_recency_vs_replay_branch_frequency():
         assert within(np.mean(np.array(replay_versions) == v), 1 / 3, len(replay_versions))
 
 
-def test_uniform_prompt_choice_when_inv_temp_is_zero():
+def test_prompts_are_drawn_without_replacement_and_cycle_across_batches():
+    """Replay branch (m = 0): 40 prompts, batches of 8: every 5 batches draw each prompt exactly once (the
+    reference cycles over all cids without replacement), in an order that changes between cycles."""
     store = TrajectoryStore(100, 10_000)
-    fill(store, prompts=5, reward=lambda p, j: float(p))  # prompts differ in reward
-    sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.0, reward_inv_temp=0.0, seed=2))
-    picks = [g.prompt_key for _ in range(500) for g in sampler.sample_groups(4, 2, 2)]
-    for p in range(5):
-        assert within(picks.count(f"p{p}") / len(picks), 0.2, len(picks))
+    fill(store, prompts=40, reward=lambda p, j: float(p))  # prompt rewards differ: the choice stays uniform
+    sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.0, reward_inv_temp=2.0, seed=2))
+    cycles = []
+    for _ in range(6):
+        drawn = [g.prompt_key for _ in range(5) for g in sample(sampler, 8, 2, 2)]
+        assert sorted(drawn) == sorted(f"p{p}" for p in range(40))
+        cycles.append(drawn)
+    assert len({tuple(c) for c in cycles}) == 6
 
 
-def test_softmax_uniform_mixture_of_prompts():
+def test_every_fresh_group_is_drawn_before_any_repeats():
+    """m = 1: each version brings 8 new prompts; a batch of 8 draws exactly those, once each. With fewer
+    fresh prompts than the batch, the rest are repeats, and counted."""
     store = TrajectoryStore(100, 10_000)
-    fill(store, prompts=3, versions=(0,), reward=lambda p, j: float(p))  # prompt rewards 0, 1, 2
-    mix, inv_temp = 0.6, 1.5
-    sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.0, reward_inv_temp=inv_temp, reward_mix=mix, seed=3))
-    picks = [g.prompt_key for _ in range(1000) for g in sampler.sample_groups(4, 2, 0)]
-    soft = np.exp(inv_temp * np.arange(3))
-    expected = mix * soft / soft.sum() + (1 - mix) / 3
+    sampler = ReplaySampler(store, ReplaySettings(recency_prob=1.0, seed=3))
+    for version in range(5):
+        fresh = {f"v{version}p{p}" for p in range(8)}
+        for key in sorted(fresh):
+            for j in range(4):
+                store.admit(Trajectory(key, [version, j], 1.0, version))
+        assert sampler.undrawn_fresh == fresh
+        report = sampler.sample_groups(8, 4, version)
+        assert sorted(g.prompt_key for g in report.groups) == sorted(fresh) and report.repeated == 0
+        assert not sampler.undrawn_fresh
+    report = sampler.sample_groups(12, 4, 4)
+    assert report.repeated == 4 and len({g.prompt_key for g in report.groups}) == 8
+
+
+def test_replay_branch_weights_trajectories_within_a_prompt_by_softmax():
+    """Reference rule: a uniform prompt, then softmax(inv_temp * reward) over that prompt's trajectories."""
+    inv_temp = 1.5
+    store = TrajectoryStore(100, 10_000)
     for p in range(3):
-        assert within(picks.count(f"p{p}") / len(picks), expected[p], len(picks))
+        for j in range(4):
+            store.admit(Trajectory(f"p{p}", [p, j], float(j + p), 0))
+    sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.0, reward_inv_temp=inv_temp, seed=4))
+    picks = [(g.prompt_key, g.trajectories[0].reward) for _ in range(3000) for g in sample(sampler, 3, 1, 0)]
+    n = len(picks)
+    for p in range(3):
+        assert sum(key == f"p{p}" for key, _ in picks) == n // 3  # cycling: exactly uniform over prompts
+        rewards = np.arange(4) + p
+        soft = np.exp(inv_temp * rewards) / np.exp(inv_temp * rewards).sum()
+        chosen = [r for key, r in picks if key == f"p{p}"]
+        for r, expected in zip(rewards, soft):
+            assert within(chosen.count(float(r)) / len(chosen), expected, len(chosen))
 
 
 def test_k_draws_without_replacement_unless_too_few():
     store = TrajectoryStore(100, 10_000)
     for j in range(6):
-        store.add(Trajectory("big", (j,), 1.0, 0))
+        store.admit(Trajectory("big", [j], 1.0, 0))
     for j in range(2):
-        store.add(Trajectory("small", (j,), 1.0, 0))
+        store.admit(Trajectory("small", [j], 1.0, 0))
     sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.0, seed=4))
     counts = {}
     for _ in range(300):
-        for g in sampler.sample_groups(2, 4, 0):
-            keys = [t.response_key for t in g.trajectories]
+        for g in sample(sampler, 2, 4, 0):
+            keys = [tuple(t.response) for t in g.trajectories]
             if g.prompt_key == "big":
                 assert len(set(keys)) == 4  # 6 unique stored: no repeats
             else:
@@ -84,32 +120,51 @@ def test_k_draws_without_replacement_unless_too_few():
     assert max(big) / min(big) < 1.3  # uniform within a prompt at inv_temp = 0
 
 
+def test_trajectory_keeps_tokens_logprobs_and_extras_exactly():
+    t = Trajectory("p", np.array([5, 2**31 - 1, 0]), 1.0, 3, rollout_logprobs=[-0.5, -1e-9, -30.0], extras=b"\x00x")
+    assert t.response.tolist() == [5, 2**31 - 1, 0] and t.response.dtype == np.int32
+    assert t.rollout_logprobs.tolist() == np.float32([-0.5, -1e-9, -30.0]).tolist()
+    assert t.extras == b"\x00x"
+    assert Trajectory("p", [1], 0.0, 0).rollout_logprobs is None
+
+
 def test_dedup_newest_wins_and_counts():
     store = TrajectoryStore(100, 10_000)
-    store.add(Trajectory("p", (1, 2), 0.0, version=0, payload="old"))
-    store.add(Trajectory("p", (1, 2), 1.0, version=3, payload="new"))
-    (t,) = store.trajectories("p")
-    assert (t.version, t.payload, t.reward) == (3, "new", 1.0)
-    assert store.stats.dedup_hits == 1 and len(store) == 1
+    store.admit(Trajectory("p", [1, 2], 0.0, version=0, extras=b"old"))
+    store.admit(Trajectory("p", [1, 2], 1.0, version=3, extras=b"new"))
+    store.admit(Trajectory("p", [1, 2, 0], 1.0, version=3))  # a different response
+    first, second = store.trajectories("p")
+    assert (first.version, first.extras, first.reward) == (3, b"new", 1.0)
+    assert store.stats.dedup_hits == 1 and len(store) == 2
 
 
 def test_capacity_evicts_oldest_version_first():
     store = TrajectoryStore(per_prompt_capacity=3, capacity=5)
     for v in (5, 1, 3, 4):  # inserted out of version order
-        store.add(Trajectory("a", (v,), 0.0, v))
+        store.admit(Trajectory("a", [v], 0.0, v))
     assert sorted(t.version for t in store.trajectories("a")) == [3, 4, 5]  # version 1 went first
     for v in (6, 7, 8):
-        store.add(Trajectory("b", (v,), 0.0, v))
-    assert len(store) == 5  # global cap: the oldest-inserted prompt loses its oldest trajectory
+        store.admit(Trajectory("b", [v], 0.0, v))
+    assert len(store) == 5  # global cap: the oldest version in the store goes first
     assert sorted(t.version for t in store.trajectories("a")) == [4, 5]
     assert store.stats.evicted == 2
 
 
+def test_byte_capacity_holds_and_counts_what_is_stored():
+    one = Trajectory("x", np.zeros(100), 0.0, 0, rollout_logprobs=np.zeros(100)).nbytes
+    store = TrajectoryStore(per_prompt_capacity=100, capacity=10**6, capacity_bytes=10 * one)
+    for v in range(25):
+        store.admit(Trajectory(f"p{v % 3}", np.full(100, v), 0.0, v, rollout_logprobs=np.zeros(100)))
+        assert store.nbytes <= 10 * one
+    assert len(store) == 10 and sorted(t.version for p in range(3) for t in store.trajectories(f"p{p}")) == list(
+        range(15, 25))
+
+
 def test_nonfinite_rewards_never_enter():
     store = TrajectoryStore(10, 100)
-    assert not store.add(Trajectory("p", (1,), float("nan"), 0))
-    assert not store.add(Trajectory("p", (2,), float("inf"), 0))
-    assert store.add(Trajectory("p", (3,), 1.0, 0))
+    assert not store.admit(Trajectory("p", [1], float("nan"), 0))
+    assert not store.admit(Trajectory("p", [2], float("inf"), 0))
+    assert store.admit(Trajectory("p", [3], 1.0, 0))
     assert len(store) == 1 and store.stats.rejected_nonfinite == 2
 
 
@@ -117,28 +172,55 @@ def test_staleness_cap_is_never_exceeded():
     store = TrajectoryStore(100, 10_000)
     fill(store, versions=(0, 3, 6, 9))
     sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.2, max_staleness=4, seed=5))
-    groups = [g for _ in range(200) for g in sampler.sample_groups(4, 3, current_version=10)]
+    groups = [g for _ in range(200) for g in sample(sampler, 4, 3, 10)]
     stale = [10 - t.version for g in groups for t in g.trajectories]
     assert max(stale) <= 4 and min(stale) == 1
     assert staleness_summary(groups, 10)["staleness_max"] <= 4
+    # they can never be drawn again, so they left the store
+    assert {t.version for p in range(4) for t in store.trajectories(f"p{p}")} == {6, 9}
+    assert store.stats.evicted_stale == 2 * 4 * 6
+
+
+def test_an_empty_or_fully_stale_store_reports_missing_groups_instead_of_raising():
+    store = TrajectoryStore(100, 10_000)
+    sampler = ReplaySampler(store, ReplaySettings(max_staleness=2, seed=5))
+    assert sampler.sample_groups(4, 2, 0).missing == 4
+    fill(store, versions=(0,))
+    assert sampler.sample_groups(4, 2, 10).missing == 4 and len(store) == 0
+
+
+def test_max_replays_caps_how_often_a_trajectory_is_drawn():
+    store = TrajectoryStore(100, 10_000)
+    fill(store, prompts=4, per_prompt=4, versions=(0,))
+    sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.5, max_replays=3, seed=6))
+    draws = {}
+    for _ in range(40):
+        report = sampler.sample_groups(2, 2, 0)
+        if report.missing:
+            break
+        for t in {id(t): t for g in report.groups for t in g.trajectories}.values():
+            draws[tuple(t.response)] = t.draws
+    assert max(draws.values()) <= 3 and len(draws) == 16
+    assert len(store) == 0 and store.stats.evicted_replayed == 16
 
 
 def test_save_restore_round_trip_is_byte_identical(tmp_path):
     store = TrajectoryStore(100, 10_000)
     fill(store)
-    sampler = ReplaySampler(store, ReplaySettings(seed=6))
-    sampler.sample_groups(3, 2, 2)  # advance the random state
+    sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.5, reward_inv_temp=1.0, seed=6))
+    sampler.sample_groups(3, 2, 2)  # advance the random state and the prompt cycles
     first = tmp_path / "a.pt"
     save_atomic(sampler.state_dict(), str(first))
-    restored = ReplaySampler(TrajectoryStore(1, 1), ReplaySettings(seed=99))
+    restored = ReplaySampler(TrajectoryStore(1, 1), ReplaySettings(recency_prob=0.5, reward_inv_temp=1.0, seed=99))
     restored.load_state_dict(load_checked(str(first)))
     second = tmp_path / "b.pt"
     save_atomic(restored.state_dict(), str(second))
     assert first.read_bytes() == second.read_bytes()
     # the random state continues where it was
-    a = [t.response_key for g in sampler.sample_groups(4, 2, 2) for t in g.trajectories]
-    b = [t.response_key for g in restored.sample_groups(4, 2, 2) for t in g.trajectories]
-    assert a == b
+    for _ in range(5):
+        a = [tuple(t.response) for g in sample(sampler, 4, 2, 2) for t in g.trajectories]
+        b = [tuple(t.response) for g in sample(restored, 4, 2, 2) for t in g.trajectories]
+        assert a == b
 
 
 def test_corrupt_checkpoint_is_refused_with_its_path(tmp_path):
@@ -153,7 +235,8 @@ def test_corrupt_checkpoint_is_refused_with_its_path(tmp_path):
 
 
 @pytest.mark.parametrize("key,value", [("recency_prob", 1.5), ("recency_prob", -0.1), ("capacity", 0),
-                                       ("per_prompt_capacity", -1), ("max_staleness", -2)])
+                                       ("per_prompt_capacity", -1), ("max_staleness", -2), ("max_replays", 0),
+                                       ("capacity_bytes", 0), ("samples_per_prompt", 1), ("wait_timeout_s", 0)])
 def test_out_of_range_knobs_name_the_key(key, value):
     with pytest.raises(ValueError, match=f"trainer.v1.sampler.sampler_kwargs.{key}"):
         parse_replay_settings({key: value}, "trainer.v1.sampler.sampler_kwargs.")
@@ -162,3 +245,8 @@ def test_out_of_range_knobs_name_the_key(key, value):
 def test_unknown_knob_is_refused():
     with pytest.raises(ValueError, match="sampler_kwargs.recency_probability"):
         parse_replay_settings({"recency_probability": 0.5}, "trainer.v1.sampler.sampler_kwargs.")
+
+
+def test_removed_reward_mix_says_what_replaced_it():
+    with pytest.raises(ValueError, match="sampler_kwargs.reward_mix: .*within a prompt"):
+        parse_replay_settings({"reward_mix": 0.5}, "trainer.v1.sampler.sampler_kwargs.")

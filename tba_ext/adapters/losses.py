@@ -19,6 +19,7 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
 
 from tba_ext.core import tb
+from tba_ext.core.settings import IS_RATIO_MAX
 
 # Driver-side metrics produced by the estimators; the TBA trainer mode moves them into verl's stream.
 ESTIMATOR_METRICS: dict[str, float] = {}
@@ -41,23 +42,26 @@ def _group_centred(token_level_rewards, response_mask, index, config, scale_by_i
     beta = _kl_coef(config)
     if index is None:
         raise ValueError("the tb estimators need prompt uids (verl's 'uid' field) to form groups")
-    groups = tb.group_ids(index)
-    counts = torch.bincount(groups)
-    if (counts < 2).any():
+    mask = response_mask.to(token_level_rewards.dtype)
+    # verl pads a batch to a multiple of the data-parallel size with no-op rows (empty response mask, one
+    # shared uid): they get advantage 0 and stay out of the statistics
+    real = mask.sum(-1) > 0
+    groups = tb.group_ids([uid for uid, keep in zip(index, real.tolist()) if keep])
+    if (torch.bincount(groups) == 1).any():
         raise ValueError(
             "TB needs at least 2 responses per prompt group (actor_rollout_ref.rollout.n >= 2); "
-            f"found a group of size {int(counts.min())}"
+            "found a group with one response"
         )
-    mask = response_mask.to(token_level_rewards.dtype)
-    score = (token_level_rewards * mask).sum(-1)  # S = r - beta * KL_seq
-    centred = score - tb.group_mean(score, groups)
-    seq_adv = centred / beta if scale_by_inverse_beta else centred
+    score = (token_level_rewards * mask).sum(-1)[real]  # S = r - beta * KL_seq
+    centred = tb.group_centred(score, groups)
+    seq_adv = torch.zeros(mask.shape[0], dtype=mask.dtype, device=mask.device)
+    seq_adv[real] = centred / beta if scale_by_inverse_beta else centred
     ESTIMATOR_METRICS.clear()
     ESTIMATOR_METRICS.update(
         {
             "tb/beta": beta,
-            "tb/log_z": float((tb.group_mean(score, groups) / beta).mean()),
-            "tb/mean_abs_advantage": float(seq_adv.abs().mean()),
+            "tb/log_z": float(((score - centred) / beta).mean()) if real.any() else 0.0,
+            "tb/mean_abs_advantage": float(seq_adv[real].abs().mean()) if real.any() else 0.0,
         }
     )
     return seq_adv.unsqueeze(-1) * mask
@@ -126,25 +130,29 @@ def compute_policy_loss_tb_pg(
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
 ):
-    """TBA' (the paper's 7B form): -sg(min(pi/pi_old, is_ratio_max)) * A * log pi per token.
+    """TBA' (the paper's 7B form): -sg(min(pi_theta / pi_rollout, is_ratio_max)) * A * log pi_theta per token.
 
-    ``advantages`` come from ``adv_estimator=tb_pg``. Aggregated with the configured ``loss_agg_mode``
-    (Dr. GRPO's ``seq-mean-token-sum-norm`` in our configs). verl's rollout-correction weights, if any,
-    multiply the clamped ratio.
+    ``advantages`` come from ``adv_estimator=tb_pg``; ``rollout_is_weights`` is verl's pi_old / pi_rollout
+    from the searcher's log-probs (``algorithm.rollout_correction.rollout_is=token``, no truncation), so
+    ratio = pi_theta / pi_old * pi_old / pi_rollout is taken against the policy that generated the trajectory.
+    Aggregated with the configured ``loss_agg_mode`` (Dr. GRPO's ``seq-mean-token-sum-norm`` in our configs).
     """
+    if rollout_is_weights is None:
+        raise ValueError("tb_pg needs verl's rollout IS weights: set algorithm.rollout_correction.rollout_is=token "
+                         "and actor_rollout_ref.rollout.calculate_log_probs=True")
     mask = response_mask.to(log_prob.dtype)
-    ratio = torch.exp(log_prob - old_log_prob).detach()
-    weight = torch.clamp(ratio, max=_loss_field(config, "is_ratio_max", 8.0))
-    if rollout_is_weights is not None:
-        weight = weight * rollout_is_weights
-    loss_mat = -weight * advantages * log_prob
+    is_ratio_max = _loss_field(config, "is_ratio_max", IS_RATIO_MAX)
+    ratio = (torch.exp(log_prob - old_log_prob) * rollout_is_weights).detach()
+    loss_mat = tb.tb_pg_loss_matrix(log_prob, advantages, ratio, is_ratio_max)
     global_batch_info = getattr(config, "global_batch_info", None) or {}
     loss = agg_loss(loss_mat, mask, loss_agg_mode, **global_batch_info)
     loss = loss * _loss_field(config, "loss_scale", 1.0)
-    clipped = (ratio > _loss_field(config, "is_ratio_max", 8.0)).to(mask.dtype)
+    clipped = (ratio > is_ratio_max).to(mask.dtype)
+    tokens = mask.sum().clamp(min=1.0)
     metrics = {
-        "tb_pg/is_ratio_clipfrac": ((clipped * mask).sum() / mask.sum().clamp(min=1.0)).item(),
-        "tb_pg/ratio_mean": ((ratio * mask).sum() / mask.sum().clamp(min=1.0)).item(),
+        "tb_pg/is_ratio_clipfrac": ((clipped * mask).sum() / tokens).item(),
+        "tb_pg/ratio_mean": ((ratio * mask).sum() / tokens).item(),
+        "tb_pg/ratio_max": (ratio * mask).max().item(),
     }
     return loss, metrics
 

@@ -15,6 +15,8 @@ import numbers
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 
+from tba_ext.core.settings import uses_replay_sampler
+
 NAME = "tba_checked"
 
 
@@ -32,8 +34,7 @@ def _describe(config, item) -> str:
 
 
 def _replay_tolerates_nonfinite(config) -> bool:
-    sampler = config.trainer.get("v1", {}).get("sampler", {}) or {}
-    return (sampler.get("custom_sampler") or {}).get("name") == "TBAReplaySampler"
+    return uses_replay_sampler(config)
 
 
 @register(NAME)

@@ -6,10 +6,12 @@
 
 verl deletes every trajectory it trains on (trainer_base.py:511). Each ``sample`` call therefore:
 1. waits, with verl's own machinery, until enough freshly generated groups are finished;
-2. copies every finished group out of TransferQueue into the ``TrajectoryStore`` and clears it there;
-3. draws B groups of K with ``ReplaySampler`` and writes them back under fresh ``{uid}_{session}_{idx}`` keys,
-   one new uid per group, so verl recomputes old and reference log-probs for the current policy.
-Validation batches bypass the store.
+2. moves every finished group out of TransferQueue into the ``TrajectoryStore`` in compact form (``rows``);
+3. draws B groups of K = ``rollout.n`` with ``ReplaySampler`` and writes them back under fresh
+   ``{uid}_{session}_{idx}`` keys, one new uid per group, so verl recomputes old and reference log-probs for
+   the current policy; ``rollout_log_probs`` stay the searcher's, for TBA's importance ratio.
+If the store cannot serve a batch yet (empty, or everything staler than ``max_staleness``) it waits for
+generation, and stops the run after ``wait_timeout_s``. Validation batches bypass the store.
 """
 
 from __future__ import annotations
@@ -28,15 +30,9 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.utils.transferqueue_utils import KVBatchMeta
 
-from tba_ext.core.replay import (
-    ReplaySampler,
-    Trajectory,
-    TrajectoryStore,
-    load_checked,
-    save_atomic,
-    staleness_summary,
-)
-from tba_ext.core.settings import parse_replay_settings
+from tba_ext.adapters.rows import build_row, load_prompt, split_row
+from tba_ext.core.replay import ReplaySampler, Trajectory, TrajectoryStore, load_checked, save_atomic, staleness_summary
+from tba_ext.core.settings import SAMPLER_KWARGS, parse_replay_settings
 
 
 def row_dicts(td) -> list[dict]:
@@ -61,6 +57,10 @@ def prompt_identity(row: dict) -> str:
     return hashlib.sha1(np.asarray(row["prompts"], dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
+class ReplayWaitTimeout(RuntimeError):
+    pass
+
+
 class NonFiniteRewardError(RuntimeError):
     pass
 
@@ -74,10 +74,13 @@ class TBAReplaySampler(ReplayBufferAsync):
         kwargs_node = kwargs.get("sampler_kwargs") or {}
         if not isinstance(kwargs_node, dict):
             kwargs_node = OmegaConf.to_container(kwargs_node, resolve=True)
-        self.settings = parse_replay_settings(kwargs_node, "trainer.v1.sampler.sampler_kwargs.")
-        self.store = TrajectoryStore(self.settings.per_prompt_capacity, self.settings.capacity)
+        self.settings = parse_replay_settings(kwargs_node, SAMPLER_KWARGS)
+        self.store = TrajectoryStore(self.settings.per_prompt_capacity, self.settings.capacity,
+                                     self.settings.capacity_bytes)
         self.sampler = ReplaySampler(self.store, self.settings)
+        # K drawn per group: the tba_* trainer modes set it to rollout.n; otherwise the largest group seen
         self.group_size = 0
+        self.largest_group = 0
         self.restored_trajectories: int | None = None  # reported once, at the first step after a resume
         self.unknown_version = 0
 
@@ -87,7 +90,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         if not keys:
             if prompt_uids:
                 tq.kv_clear(partition_id=partition_id, keys=list(prompt_uids))
-            return {"ingested": 0}
+            return {"ingested": 0, "rejected": 0}
         tags = [self.partitions[partition_id][k] for k in keys]
         rows = row_dicts(tq.kv_batch_get(keys=keys, partition_id=partition_id))
         tq.kv_clear(partition_id=partition_id, keys=[*prompt_uids, *keys])
@@ -95,19 +98,14 @@ class TBAReplaySampler(ReplayBufferAsync):
         before = self.store.stats.rejected_nonfinite
         for key, tag, row in zip(keys, tags, rows):
             sizes[key.split("_")[0]] += 1
-            reward = float(torch.as_tensor(row["rm_scores"]).float().sum())
             version = tag.get("min_global_steps")
             if version is None:  # a searcher that served it had no weight version: staleness unknowable
                 self.unknown_version += 1
                 continue
-            self.store.add(Trajectory(
-                prompt_key=prompt_identity(row),
-                response_key=torch.as_tensor(row["responses"]).to(torch.int32).numpy().tobytes(),
-                reward=reward,
-                version=version,
-                payload={"row": row, "tag": dict(tag)},
-            ))
-        self.group_size = max(self.group_size, max(sizes.values()))
+            prompt_fields, response, logprobs, reward, extras = split_row(row, tag)
+            self.store.admit(Trajectory(prompt_identity(row), response, reward, version, logprobs, extras),
+                             prompt_payload=prompt_fields)
+        self.largest_group = max(self.largest_group, max(sizes.values()))
         self._check_nonfinite()
         return {"ingested": len(keys), "rejected": self.store.stats.rejected_nonfinite - before}
 
@@ -116,36 +114,52 @@ class TBAReplaySampler(ReplayBufferAsync):
         if stats.seen and stats.rejected_nonfinite / stats.seen > self.settings.max_nonfinite_frac:
             raise NonFiniteRewardError(
                 f"{stats.rejected_nonfinite} of {stats.seen} rewards were NaN/inf (more than "
-                f"trainer.v1.sampler.sampler_kwargs.max_nonfinite_frac={self.settings.max_nonfinite_frac}); "
-                "check the reward function"
+                f"{SAMPLER_KWARGS}max_nonfinite_frac={self.settings.max_nonfinite_frac}); check the reward function"
             )
 
     # -- sampling --------------------------------------------------------------------------------------
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         if partition_id != "train":
             return super().sample(global_steps, partition_id, batch_size)
-        sampleable, metrics = self._wait_for_fresh(global_steps, partition_id,
-                                                   self.settings.min_fresh_groups or batch_size)
-        ingest = self._ingest(partition_id, set(sampleable))
         # the policy being trained at step s carries weight version s - 1 (weights sync at step end)
         current_version = global_steps - 1
-        groups = self.sampler.sample_groups(batch_size, self.group_size, current_version)
+        need = self.settings.min_fresh_groups or batch_size
+        deadline = time.monotonic() + self.settings.wait_timeout_s
+        metrics, ingest = {}, {"ingested": 0, "rejected": 0}
+        while True:
+            sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
+            metrics.update(evictions)
+            for key, value in self._ingest(partition_id, set(sampleable)).items():
+                ingest[key] += value
+            k = self.group_size or self.largest_group
+            report = self.sampler.sample_groups(batch_size, k, current_version)
+            if not report.missing:
+                break
+            # nothing sampleable yet (empty store, or all of it past max_staleness): wait for generation
+            if time.monotonic() > deadline:
+                raise ReplayWaitTimeout(
+                    f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
+                    f"({len(self.store)} trajectories stored, max_staleness={self.settings.max_staleness}); are the "
+                    f"searchers alive? Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer")
+            need = 1
+            time.sleep(self.poll_interval)
         keys, tags, rows = [], [], []
-        for group in groups:
+        for group in report.groups:
             uid = uuid.uuid4().hex
+            prompt_fields = load_prompt(group.payload)
             for idx, traj in enumerate(group.trajectories):
-                row = dict(traj.payload["row"], uid=uid)
+                row, tag = build_row(prompt_fields, traj.response, traj.rollout_logprobs, traj.reward, traj.extras, uid)
                 keys.append(f"{uid}_{idx}_0")
-                tags.append(dict(traj.payload["tag"]))
+                tags.append(tag)
                 rows.append(row)
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
-        metrics.update(self._metrics(groups, current_version, ingest))
+        metrics.update(self._metrics(report, current_version, ingest))
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
-    def _wait_for_fresh(self, global_steps: int, partition_id: str, need: int) -> tuple[set[str], dict]:
+    def _wait_for_fresh(self, global_steps: int, partition_id: str, need: int, deadline: float):
         """Poll until ``need`` fresh groups are finished, or until nothing more is being generated and the
-        store can serve the batch alone (the trainer then trains on replay instead of waiting forever).
-        Failed groups are evicted and refilled exactly as verl's async buffer does."""
+        store can serve the batch alone (the trainer then trains on replay instead of waiting forever), or
+        the deadline. Failed groups are evicted and refilled exactly as verl's async buffer does."""
         eviction_metrics: dict = {}
         while True:
             self._sync_metadata_from_transfer_queue()
@@ -158,24 +172,31 @@ class TBAReplaySampler(ReplayBufferAsync):
                 continue
             sampleable = self._sampleable_terminal_keys(partition_id, reasons)
             inflight = len(self.pending_keys[partition_id]) + len(self.running_keys[partition_id])
-            if len(sampleable) >= need or (inflight == 0 and (sampleable or len(self.store))):
+            if (len(sampleable) >= need or (inflight == 0 and (sampleable or len(self.store)))
+                    or time.monotonic() > deadline):
                 return sampleable, eviction_metrics
             time.sleep(self.poll_interval)
 
-    def _metrics(self, groups, current_version: int, ingest: dict) -> dict:
+    def _metrics(self, report, current_version: int, ingest: dict) -> dict:
+        """Per-update metrics, O(B K): the store's figures are running totals."""
+        groups = report.groups
         summary = staleness_summary(groups, current_version)
-        sampled = [t.reward for g in groups for t in g.trajectories]
-        stored = [t.reward for b in self.store.prompts.values() for t in b.values()]
         stats = self.store.stats
         metrics = {
             "replay/fraction": summary.pop("replay_fraction"),
             **{f"replay/{key}": value for key, value in summary.items()},
             "replay/store_trajectories": len(self.store),
-            "replay/store_prompts": len(self.store.prompts),
-            "replay/reward_sampled_mean": float(np.mean(sampled)),
-            "replay/reward_stored_mean": float(np.mean(stored)) if stored else 0.0,
+            "replay/store_prompts": self.store.num_prompts,
+            "replay/store_mb": self.store.nbytes / 2**20,
+            "replay/reward_sampled_mean": float(np.mean([t.reward for g in groups for t in g.trajectories])),
+            "replay/reward_stored_mean": self.store.reward_mean,
+            "replay/repeated_prompts": report.repeated,
+            "replay/distinct_prompt_frac": len({g.prompt_key for g in groups}) / max(len(groups), 1),
+            "replay/fresh_prompts_undrawn": len(self.sampler.undrawn_fresh),
             "replay/dedup_hits": stats.dedup_hits,
             "replay/evictions": stats.evicted,
+            "replay/evicted_stale": stats.evicted_stale,
+            "replay/evicted_replayed": stats.evicted_replayed,
             "replay/rejected_nonfinite": stats.rejected_nonfinite,
             "replay/ingested": ingest["ingested"],
             "replay/rejected_unknown_version": self.unknown_version,
@@ -187,11 +208,11 @@ class TBAReplaySampler(ReplayBufferAsync):
 
     # -- persistence (called by the tba_* trainer modes next to verl's checkpoint) ----------------------
     def save_store(self, path: str) -> None:
-        save_atomic({"sampler": self.sampler.state_dict(), "group_size": self.group_size}, path)
+        save_atomic({"sampler": self.sampler.state_dict(), "largest_group": self.largest_group}, path)
 
     def load_store(self, path: str) -> None:
         state = load_checked(path)
         self.sampler.load_state_dict(state["sampler"])
-        self.group_size = state["group_size"]
+        self.largest_group = state["largest_group"]
         self.restored_trajectories = len(self.store)
         print(f"tba-ext: restored {len(self.store)} replay trajectories from {path}", flush=True)

@@ -21,6 +21,7 @@ import ray
 import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf, open_dict
+from tensordict import NonTensorStack
 
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
@@ -29,7 +30,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from tba_ext.adapters import losses
 from tba_ext.core import tb
-from tba_ext.core.settings import check_tb_run, parse_settings
+from tba_ext.core.settings import check_replay_run, check_tb_run, parse_settings
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +56,23 @@ class TBATrainerMixin:
         plain = OmegaConf.to_container(config, resolve=True)
         self.tba = parse_settings(plain.get("tba"))
         check_tb_run(plain)
+        self.replay_settings = check_replay_run(plain)
         # verl branches on trainer_mode == "sync" etc.; run as the base mode we extend
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.base_mode
         self._beta_init = float(config.algorithm.kl_ctrl.kl_coef)
         super().__init__(config)
+        if self.replay_settings is not None:  # the trainer draws K = rollout.n of each prompt's samples
+            self.replay_buffer.group_size = int(config.actor_rollout_ref.rollout.n)
+
+    def _fetch_one_gen_batch(self):
+        """Prompts for the searchers; with the replay sampler's samples_per_prompt S > rollout.n, each asks for
+        S samples (verl's per-prompt ``__rollout_n__``) while verl's batch arithmetic keeps n = K."""
+        batch = super()._fetch_one_gen_batch()
+        s = self.replay_settings.samples_per_prompt if self.replay_settings is not None else None
+        if s is not None and s > self.config.actor_rollout_ref.rollout.n:
+            batch["__rollout_n__"] = NonTensorStack(*[s] * batch.batch_size[0])
+        return batch
 
     # -- beta schedule: one number drives verl's KL coefficient and the estimator's 1/beta ---------------
     def current_beta(self) -> float:

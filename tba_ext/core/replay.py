@@ -1,29 +1,33 @@
 """TBA's replay store and staleness-aware sampler (reference spec section 2), framework-free.
 
-The store keeps finished trajectories grouped per prompt. Each carries its reward and the weight version
-that generated it (``version``: the oldest policy version that contributed tokens). Staleness of a
-trajectory at trainer version v is ``v - version``.
+The store keeps finished trajectories grouped per prompt: the prompt's shared data once, and per trajectory
+only its response tokens (int32), the searcher's per-token log-probs (float32), its reward, the weight version
+that generated it (``version``: the oldest policy version that contributed tokens) and a few small fields the
+adapter packs as bytes. Staleness of a trajectory at trainer version v is ``v - version``.
 
-Sampling (``ReplaySampler.sample_groups``), for each of B group slots independently:
-- with probability ``recency_prob`` (m): a prompt among those with trajectories from the freshest
-  ``recency_window`` versions, and K of those fresh trajectories;
-- otherwise: a prompt from the whole store with probability
-  ``reward_mix * softmax(inv_temp * prompt_reward) + (1 - reward_mix) * uniform``, and K of its trajectories
-  weighted the same way per trajectory (inv_temp = 0 is uniform, the paper's GSM8K setting);
-- K draws are without replacement unless the prompt holds fewer than K unique trajectories;
-- trajectories staler than ``max_staleness`` are never sampled.
+Sampling (``ReplaySampler.sample_groups``) follows the reference code (``buffer_utils.get_batch``). For each of
+the B group slots, a coin with probability ``recency_prob`` (m) picks the branch:
+- recency: the next prompt of a cycle over the prompts that received trajectories from the freshest
+  ``recency_window`` versions (without replacement; when every fresh prompt was drawn the cycle refills with
+  them), then K of its fresh trajectories uniformly;
+- replay: the next prompt of a cycle over every stored prompt (uniform order, without replacement, refilled
+  when exhausted), then K of its trajectories with probability softmax(reward_inv_temp * reward)
+  (reward_inv_temp = 0 is uniform, the paper's GSM8K setting).
+A prompt appears at most once per batch unless fewer distinct prompts can be drawn than B (counted in
+``SampleReport.repeated``). K draws are without replacement unless the prompt holds fewer than K.
+Trajectories staler than ``max_staleness`` can never be drawn again, so they leave the store.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
+import hashlib
 import io
 import math
-import random
 import os
-from collections import OrderedDict
-from dataclasses import dataclass
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 import numpy as np
@@ -31,18 +35,74 @@ import torch
 
 from tba_ext.core.settings import ReplaySettings
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FILE_FORMAT = "tba-ext-replay"
+# Python object overhead the store pays per trajectory on top of its bytes (object, hash, index entries),
+# measured by benchmarks/replay.py; used only for the byte capacity.
+OVERHEAD_BYTES_PER_TRAJECTORY = 300
 
 
-@dataclass(slots=True)
 class Trajectory:
-    prompt_key: Hashable  # identity of the prompt across generations (e.g. a hash of its token ids)
-    response_key: Hashable  # exact response tokens (e.g. their int32 bytes): the dedup key
-    reward: float
-    version: int  # weight version that generated it (verl: min_global_steps)
-    insert_order: int = 0
-    payload: Any = None  # whatever the adapter needs to re-insert it (verl: the TransferQueue row)
+    """One stored trajectory. Its arrays live in one bytes blob: response tokens (int32), then the searcher's
+    per-token log-probs (float32, optional), then the adapter's packed extras; the dedup key is a 16-byte hash
+    of the response, so the tokens are never held twice."""
+
+    __slots__ = ("prompt_key", "blob", "n_response", "n_logprobs", "reward", "version", "order", "draws", "digest")
+
+    def __init__(self, prompt_key: Hashable, response, reward: float, version: int,
+                 rollout_logprobs=None, extras: bytes = b"", draws: int = 0):
+        tokens = np.ascontiguousarray(response, dtype=np.int32).tobytes()
+        logprobs = b"" if rollout_logprobs is None else np.ascontiguousarray(rollout_logprobs, np.float32).tobytes()
+        self.prompt_key = prompt_key  # identity of the prompt across generations (e.g. a hash of its tokens)
+        self.blob = tokens + logprobs + extras
+        self.n_response = len(tokens) // 4
+        self.n_logprobs = None if rollout_logprobs is None else len(logprobs) // 4
+        self.reward = reward
+        self.version = version  # weight version that generated it (verl: min_global_steps)
+        self.order = 0  # admission order: ties within a version are broken by it
+        self.draws = draws  # times sampled for training
+        self.digest = hashlib.blake2b(tokens, digest_size=16).digest()
+
+    @property
+    def response(self) -> np.ndarray:
+        return np.frombuffer(self.blob, np.int32, self.n_response)
+
+    @property
+    def rollout_logprobs(self) -> np.ndarray | None:
+        if self.n_logprobs is None:
+            return None
+        return np.frombuffer(self.blob, np.float32, self.n_logprobs, offset=4 * self.n_response)
+
+    @property
+    def extras(self) -> bytes:
+        return self.blob[4 * (self.n_response + (self.n_logprobs or 0)):]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blob) + OVERHEAD_BYTES_PER_TRAJECTORY
+
+
+def _age(t: Trajectory) -> tuple[int, int]:
+    return t.version, t.order
+
+
+@dataclass
+class PromptEntry:
+    """One prompt's trajectories, sorted oldest first by (version, order), and its shared payload."""
+
+    payload: Any = None
+    items: list[Trajectory] = field(default_factory=list)
+    by_digest: dict[bytes, Trajectory] = field(default_factory=dict)
+    _rewards: np.ndarray | None = None
+
+    def rewards(self) -> np.ndarray:
+        if self._rewards is None:
+            self._rewards = np.fromiter((t.reward for t in self.items), dtype=float, count=len(self.items))
+        return self._rewards
+
+    def newer_than(self, version: int) -> int:
+        """Index of the first trajectory with ``version >= version`` (the fresh tail starts there)."""
+        return bisect.bisect_left(self.items, version, key=lambda t: t.version)
 
 
 @dataclass
@@ -50,6 +110,8 @@ class StoreStats:
     added: int = 0
     dedup_hits: int = 0
     evicted: int = 0
+    evicted_stale: int = 0
+    evicted_replayed: int = 0
     rejected_nonfinite: int = 0
     seen: int = 0
 
@@ -59,156 +121,186 @@ class SampledGroup:
     prompt_key: Hashable
     trajectories: list[Trajectory]
     branch: str  # "recency" or "replay"
+    payload: Any = None  # the prompt's shared payload (kept even if the drawn trajectories leave the store)
+
+
+@dataclass
+class SampleReport:
+    groups: list[SampledGroup]
+    repeated: int = 0  # slots filled by a prompt already in the batch (fewer distinct prompts than B)
+    missing: int = 0  # slots left empty: nothing sampleable (the caller waits and samples again)
 
 
 class TrajectoryStore:
-    """Per-prompt FIFO-by-version buffers with a global capacity, deduplicated by response tokens.
+    """Per-prompt buffers, FIFO by (version, admission), under a per-prompt and a global capacity.
 
-    Eviction always removes the trajectory with the oldest (version, insertion) among those over capacity:
-    per prompt when its buffer exceeds ``per_prompt_capacity``, globally when the store exceeds ``capacity``.
-    Both use heaps with lazy deletion, so insert is O(log n) whatever the store size.
+    Three operations: ``admit`` (dedup by response tokens, newest copy wins), ``select`` (what a sampler
+    reads: ``prompt``, ``fresh_prompts``, ``prompt_keys``) and ``evict`` (one trajectory, or everything older
+    than a version). Over capacity, the oldest trajectory of the prompt (per-prompt cap) or of the oldest
+    version in the store (global caps, in trajectories and in bytes) leaves first.
     """
 
-    def __init__(self, per_prompt_capacity: int, capacity: int):
-        if per_prompt_capacity <= 0 or capacity <= 0:
-            raise ValueError("per_prompt_capacity and capacity must be > 0")
+    def __init__(self, per_prompt_capacity: int, capacity: int, capacity_bytes: int | None = None):
+        if per_prompt_capacity <= 0 or capacity <= 0 or (capacity_bytes is not None and capacity_bytes <= 0):
+            raise ValueError("per_prompt_capacity, capacity and capacity_bytes must be > 0")
         self.per_prompt_capacity = per_prompt_capacity
         self.capacity = capacity
-        self.prompts: "OrderedDict[Hashable, dict]" = OrderedDict()
+        self.capacity_bytes = capacity_bytes
         self.stats = StoreStats()
+        self._prompts: dict[Hashable, PromptEntry] = {}
+        self._versions: list[int] = []  # sorted versions present: the oldest is evicted first
         self._order = 0
         self._size = 0
-        self.mutations = 0  # bumped on every insert/eviction: samplers cache derived tables until it moves
-        self._global_heap: list = []  # (version, order, prompt_key, response_key)
-        self._prompt_heaps: dict = {}
-        # indexes that keep sampling cheap at 1e6 trajectories
-        self.prompt_keys: list = []  # dense list for O(1) uniform choice
-        self._prompt_pos: dict = {}
-        self.reward_sum: dict = {}
-        self._version_prompts: dict[int, dict] = {}  # version -> {prompt_key: count}
+        self._bytes = 0
+        self._reward_sum = 0.0
+        self._version_prompts: dict[int, dict] = {}  # version -> {prompt_key: count}: the recency index
+        self.new_prompt_listeners: list = []  # called with a prompt key when it enters the store
+        self.fresh_listeners: list = []  # called with (prompt_key, version) on every admission
 
-    def _on_insert(self, traj: Trajectory) -> None:
-        if traj.prompt_key not in self._prompt_pos:
-            self._prompt_pos[traj.prompt_key] = len(self.prompt_keys)
-            self.prompt_keys.append(traj.prompt_key)
-        self.reward_sum[traj.prompt_key] = self.reward_sum.get(traj.prompt_key, 0.0) + traj.reward
-        counts = self._version_prompts.setdefault(traj.version, {})
+    # -- admit ---------------------------------------------------------------------------------------------
+    def admit(self, traj: Trajectory, prompt_payload: Any = None) -> bool:
+        """Insert one trajectory (``prompt_payload`` is kept once per prompt); False if its reward is not
+        finite."""
+        self.stats.seen += 1
+        if not math.isfinite(traj.reward):
+            self.stats.rejected_nonfinite += 1
+            return False
+        entry = self._prompts.get(traj.prompt_key)
+        if entry is None:
+            entry = self._prompts[traj.prompt_key] = PromptEntry(payload=prompt_payload)
+            for listener in self.new_prompt_listeners:
+                listener(traj.prompt_key)
+        old = entry.by_digest.get(traj.digest)
+        if old is not None:  # same tokens seen before: the newest copy wins
+            self.stats.dedup_hits += 1
+            self._remove(entry, old)
+            self._prompts[traj.prompt_key] = entry  # it may have been its prompt's last trajectory
+        self._order += 1
+        traj.order = self._order
+        bisect.insort(entry.items, traj, key=_age)
+        entry.by_digest[traj.digest] = traj
+        entry._rewards = None
+        self._size += 1
+        self._bytes += traj.nbytes
+        self._reward_sum += traj.reward
+        counts = self._version_prompts.get(traj.version)
+        if counts is None:
+            counts = self._version_prompts[traj.version] = {}
+            bisect.insort(self._versions, traj.version)
         counts[traj.prompt_key] = counts.get(traj.prompt_key, 0) + 1
+        self.stats.added += 1
+        for listener in self.fresh_listeners:
+            listener(traj.prompt_key, traj.version)
+        while len(entry.items) > self.per_prompt_capacity:
+            self.evict(entry.items[0])
+        while self._size > self.capacity or (self.capacity_bytes is not None and self._bytes > self.capacity_bytes):
+            self._evict_oldest()
+        return True
 
-    def _on_remove(self, traj: Trajectory) -> None:
-        self.reward_sum[traj.prompt_key] -= traj.reward
+    # -- select --------------------------------------------------------------------------------------------
+    def prompt(self, prompt_key) -> PromptEntry | None:
+        return self._prompts.get(prompt_key)
+
+    def prompt_keys(self) -> list:
+        return list(self._prompts)
+
+    def fresh_prompts(self, since_version: int) -> list:
+        """Prompts holding trajectories of version >= ``since_version``."""
+        keys: dict = {}
+        for v in range(since_version, self.newest_version() + 1) if self._version_prompts else ():
+            keys.update(self._version_prompts.get(v, {}))
+        return list(keys)
+
+    def newest_version(self) -> int | None:
+        return self._versions[-1] if self._versions else None
+
+    def trajectories(self, prompt_key) -> list[Trajectory]:
+        entry = self._prompts.get(prompt_key)
+        return list(entry.items) if entry else []
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self._prompts)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    @property
+    def reward_mean(self) -> float:
+        return self._reward_sum / self._size if self._size else 0.0
+
+    # -- evict ---------------------------------------------------------------------------------------------
+    def evict(self, traj: Trajectory) -> None:
+        """Remove one trajectory (no-op if it already left)."""
+        entry = self._prompts.get(traj.prompt_key)
+        if entry is not None and entry.by_digest.get(traj.digest) is traj:
+            self._remove(entry, traj)
+            self.stats.evicted += 1
+
+    def evict_older_than(self, version: int) -> int:
+        """Remove every trajectory with ``version`` below the given one; returns how many left."""
+        removed = 0
+        while self._versions and self._versions[0] < version:
+            self._evict_oldest()
+            removed += 1
+        return removed
+
+    def _evict_oldest(self) -> None:
+        """The oldest version's first prompt (in admission order) loses its oldest trajectory, which is of that
+        version: each prompt's items are sorted by version."""
+        prompt_key = next(iter(self._version_prompts[self._versions[0]]))
+        entry = self._prompts[prompt_key]
+        self._remove(entry, entry.items[0])
+        self.stats.evicted += 1
+
+    def _remove(self, entry: PromptEntry, traj: Trajectory) -> None:
+        i = bisect.bisect_left(entry.items, _age(traj), key=_age)
+        del entry.items[i]
+        del entry.by_digest[traj.digest]
+        entry._rewards = None
+        self._size -= 1
+        self._bytes -= traj.nbytes
+        self._reward_sum -= traj.reward
         counts = self._version_prompts[traj.version]
         counts[traj.prompt_key] -= 1
         if not counts[traj.prompt_key]:
             del counts[traj.prompt_key]
             if not counts:
                 del self._version_prompts[traj.version]
-        if traj.prompt_key not in self.prompts:  # last trajectory of the prompt: swap-remove it
-            pos = self._prompt_pos.pop(traj.prompt_key)
-            last = self.prompt_keys.pop()
-            if last != traj.prompt_key:
-                self.prompt_keys[pos] = last
-                self._prompt_pos[last] = pos
-            del self.reward_sum[traj.prompt_key]
+                del self._versions[bisect.bisect_left(self._versions, traj.version)]
+        if not entry.items:
+            del self._prompts[traj.prompt_key]
 
-    def fresh_prompts(self, window: int) -> list:
-        """Prompts holding trajectories from the newest ``window`` versions."""
-        if not self._version_prompts:
-            return []
-        newest = max(self._version_prompts)
-        keys: dict = {}
-        for v in range(newest - window + 1, newest + 1):
-            keys.update(self._version_prompts.get(v, {}))
-        return list(keys)
-
-    def __len__(self) -> int:
-        return self._size
-
-    def add(self, traj: Trajectory) -> bool:
-        """Insert one trajectory; returns False if refused (non-finite reward)."""
-        self.stats.seen += 1
-        if not math.isfinite(traj.reward):
-            self.stats.rejected_nonfinite += 1
-            return False
-        bucket = self.prompts.setdefault(traj.prompt_key, {})
-        if traj.response_key in bucket:  # same tokens seen before: the newest copy wins
-            self.stats.dedup_hits += 1
-            old = bucket.pop(traj.response_key)
-            self._size -= 1
-            self._on_remove(old)
-        self._order += 1
-        self.mutations += 1
-        traj.insert_order = self._order
-        bucket[traj.response_key] = traj
-        self._size += 1
-        self._on_insert(traj)
-        entry = (traj.version, traj.insert_order, traj.prompt_key, traj.response_key)
-        heapq.heappush(self._global_heap, entry)
-        heapq.heappush(self._prompt_heaps.setdefault(traj.prompt_key, []), entry)
-        self.stats.added += 1
-        while len(bucket) > self.per_prompt_capacity:
-            self._evict_oldest(self._prompt_heaps[traj.prompt_key])
-        while self._size > self.capacity:
-            self._evict_oldest(self._global_heap)
-        return True
-
-    def _live(self, entry) -> bool:
-        _, order, prompt_key, response_key = entry
-        t = self.prompts.get(prompt_key, {}).get(response_key)
-        return t is not None and t.insert_order == order
-
-    def _evict_oldest(self, heap: list) -> None:
-        while heap:
-            entry = heapq.heappop(heap)
-            if self._live(entry):
-                _, _, prompt_key, response_key = entry
-                bucket = self.prompts[prompt_key]
-                old = bucket.pop(response_key)
-                self._size -= 1
-                self.mutations += 1
-                self.stats.evicted += 1
-                if not bucket:
-                    del self.prompts[prompt_key]
-                    self._prompt_heaps.pop(prompt_key, None)
-                self._on_remove(old)
-                return
-
-    def newest_version(self) -> int | None:
-        return max(self._version_prompts) if self._version_prompts else None
-
-    def trajectories(self, prompt_key) -> list[Trajectory]:
-        return list(self.prompts.get(prompt_key, {}).values())
-
-    # -- persistence --------------------------------------------------------------------------------------
+    # -- persistence ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        trajectories = sorted((t for e in self._prompts.values() for t in e.items), key=lambda t: t.order)
         return {
             "format_version": FORMAT_VERSION,
             "per_prompt_capacity": self.per_prompt_capacity,
             "capacity": self.capacity,
+            "capacity_bytes": self.capacity_bytes,
             "order": self._order,
             "stats": vars(self.stats).copy(),
-            "trajectories": sorted(
-                ((t.prompt_key, t.response_key, t.reward, t.version, t.insert_order, t.payload)
-                 for bucket in self.prompts.values() for t in bucket.values()),
-                key=lambda row: row[4],
-            ),
+            "prompts": {key: entry.payload for key, entry in self._prompts.items()},
+            "trajectories": [(t.prompt_key, t.response, t.reward, t.version, t.rollout_logprobs, t.extras,
+                              t.order, t.draws) for t in trajectories],
         }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"replay store format {state.get('format_version')} is not {FORMAT_VERSION}")
-        self.__init__(state["per_prompt_capacity"], state["capacity"])
-        for prompt_key, response_key, reward, version, order, payload in state["trajectories"]:
-            traj = Trajectory(prompt_key, response_key, reward, version, order, payload)
-            self.prompts.setdefault(prompt_key, {})[response_key] = traj
-            self._on_insert(traj)
-            entry = (version, order, prompt_key, response_key)
-            self._global_heap.append(entry)
-            self._prompt_heaps.setdefault(prompt_key, []).append(entry)
-            self._size += 1
-        heapq.heapify(self._global_heap)
-        for heap in self._prompt_heaps.values():
-            heapq.heapify(heap)
+        listeners = self.new_prompt_listeners, self.fresh_listeners
+        self.__init__(state["per_prompt_capacity"], state["capacity"], state.get("capacity_bytes"))
+        self.new_prompt_listeners, self.fresh_listeners = listeners
+        payloads = state["prompts"]
+        for prompt_key, response, reward, version, logprobs, extras, order, draws in state["trajectories"]:
+            traj = Trajectory(prompt_key, response, reward, version, logprobs, extras, draws=draws)
+            self.admit(traj, payloads.get(prompt_key))
+            traj.order = order  # the saved order (admission keeps the relative order; ties use it)
         self._order = state["order"]
         self.stats = StoreStats(**state["stats"])
 
@@ -217,7 +309,8 @@ def save_atomic(state: dict, path: str) -> None:
     """Write ``state`` with torch.save to a temporary file, fsync, then rename over ``path``: a crash at
     any point leaves either the old file or the new one, never a torn file."""
     buffer = io.BytesIO()
-    torch.save({"format": FILE_FORMAT, "format_version": FORMAT_VERSION, "state": state}, buffer)
+    # protocol 5 writes bytes raw (torch's default protocol 2 re-encodes them, ~1.5x the size)
+    torch.save({"format": FILE_FORMAT, "format_version": FORMAT_VERSION, "state": state}, buffer, pickle_protocol=5)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(buffer.getvalue())
@@ -240,131 +333,177 @@ def load_checked(path: str) -> dict:
     return state["state"]
 
 
-def _mixed_probs(rewards: np.ndarray, inv_temp: float, reward_mix: float) -> np.ndarray:
-    """reward_mix * softmax(inv_temp * r) + (1 - reward_mix) * uniform."""
-    n = len(rewards)
-    logits = inv_temp * rewards
-    soft = np.exp(logits - logits.max())
-    soft /= soft.sum()
-    return reward_mix * soft + (1.0 - reward_mix) / n
+class PromptCycle:
+    """Prompt keys drawn without replacement in a random order, refilled by the caller when exhausted:
+    the reference's cycling over cids. ``add`` puts a key at a uniformly random place among those left."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.pending: list = []
+        self.members: set = set()
+
+    def add(self, key) -> None:
+        if key in self.members:
+            return
+        self.members.add(key)
+        self.pending.append(key)
+        i = self.rng.randrange(len(self.pending))
+        self.pending[i], self.pending[-1] = self.pending[-1], self.pending[i]
+
+    def pop(self):
+        key = self.pending.pop()
+        self.members.discard(key)
+        return key
+
+    def refill(self, keys: list) -> None:
+        keys = [k for k in keys if k not in self.members]
+        self.rng.shuffle(keys)
+        self.pending[:0] = keys  # after whatever is still pending (popped from the end)
+        self.members.update(keys)
+
+    def state(self) -> list:
+        return list(self.pending)
+
+    def load(self, pending: list) -> None:
+        self.pending = list(pending)
+        self.members = set(self.pending)
 
 
 class ReplaySampler:
-    """Draws B groups of K trajectories from a ``TrajectoryStore`` by TBA's recency/reward/uniform rule.
+    """Draws B groups of K trajectories from a ``TrajectoryStore`` by TBA's recency/replay rule.
 
-    Uses Python's ``random.Random`` (scalar draws are an order of magnitude cheaper than numpy's); its
-    state is part of ``state_dict`` so a resumed run continues the same random sequence.
+    Uses Python's ``random.Random`` for scalar draws (an order of magnitude cheaper than numpy's) and numpy
+    for the softmax-weighted K; both states are part of ``state_dict`` so a resumed run continues the same
+    random sequence.
     """
 
     def __init__(self, store: TrajectoryStore, settings: ReplaySettings):
         self.store = store
         self.settings = settings
         self.rng = random.Random(settings.seed)
-        self.np_rng = np.random.default_rng(settings.seed)  # vector draws (weighted K without replacement)
-        # pools, weights and the prompt CDF derived from the store, valid while the store and the current
-        # version are unchanged (a training step inserts, so each step rebuilds them once)
-        self._cache: dict = {}
-        self._cache_key = None
+        self.np_rng = np.random.default_rng(settings.seed)
+        self.recency = PromptCycle(self.rng)
+        self.replay = PromptCycle(self.rng)
+        # prompts that received trajectories and have not been drawn since: what "every fresh group is
+        # trained on before any group repeats" is measured by
+        self.undrawn_fresh: set = set()
+        store.new_prompt_listeners.append(self.replay.add)
+        store.fresh_listeners.append(self._on_admit)
 
-    def eligible(self, traj: Trajectory, current_version: int) -> bool:
-        cap = self.settings.max_staleness
-        return cap is None or current_version - traj.version <= cap
+    def _on_admit(self, prompt_key, version: int) -> None:
+        self.recency.add(prompt_key)
+        self.undrawn_fresh.add(prompt_key)
 
-    def _eligible_of(self, prompt_key, current_version: int, fresh_from: int | None) -> list[Trajectory]:
-        cached = self._cache.get((prompt_key, fresh_from))
-        if cached is not None:
-            return cached
-        pool = self._filter(prompt_key, current_version, fresh_from)
-        self._cache[(prompt_key, fresh_from)] = pool
-        return pool
+    def _fresh_from(self) -> int:
+        return self.store.newest_version() - self.settings.recency_window + 1
 
-    def _filter(self, prompt_key, current_version: int, fresh_from: int | None) -> list[Trajectory]:
-        trajs = self.store.prompts.get(prompt_key, {}).values()
-        if self.settings.max_staleness is None and fresh_from is None:
-            return list(trajs)
-        return [t for t in trajs if self.eligible(t, current_version) and (fresh_from is None or t.version >= fresh_from)]
+    def _recency_pool(self, key, fresh_from: int) -> list[Trajectory]:
+        entry = self.store.prompt(key)
+        return entry.items[entry.newer_than(fresh_from):] if entry else []
 
-    def _reward_weighted(self) -> bool:
-        return self.settings.reward_inv_temp != 0 and self.settings.reward_mix != 0
+    def _replay_pool(self, key) -> list[Trajectory]:
+        entry = self.store.prompt(key)
+        return entry.items if entry else []
 
-    def _pick_k(self, pool: list[Trajectory], k: int, weights: np.ndarray | None) -> list[Trajectory]:
-        """K of ``pool``: without replacement unless it holds fewer than K (then with replacement)."""
-        if weights is None:
+    def _draw(self, cycle: PromptCycle, refill, pool_of, in_batch: set):
+        """The next prompt of ``cycle`` not yet in the batch and with trajectories to draw, refilling the
+        cycle once when it runs out. Returns (key, pool) or (None, None)."""
+        skipped = []
+        refilled = False
+        try:
+            while True:
+                if not cycle.pending:
+                    if refilled:
+                        return None, None
+                    cycle.refill([key for key in refill() if key not in in_batch])
+                    refilled = True
+                    continue
+                key = cycle.pop()
+                if key in in_batch:
+                    skipped.append(key)
+                    continue
+                pool = pool_of(key)
+                if pool:
+                    return key, pool
+                # left the store or the recency window: it re-enters with its next admission or refill
+        finally:
+            for key in skipped:
+                cycle.add(key)
+
+    def _pick_k(self, pool: list[Trajectory], k: int, softmax: bool, rewards=None) -> list[Trajectory]:
+        """K of ``pool``, uniformly or by softmax(inv_temp * reward); without replacement unless the pool holds
+        fewer than K."""
+        if not softmax:
             return self.rng.sample(pool, k) if len(pool) >= k else self.rng.choices(pool, k=k)
+        logits = self.settings.reward_inv_temp * rewards
         if len(pool) < k:
-            return self.rng.choices(pool, weights=weights.tolist(), k=k)
-        # weighted sampling without replacement (Efraimidis-Spirakis): the K largest u^(1/w)
-        keys = self.np_rng.random(len(pool)) ** (1.0 / weights)
+            probs = np.exp(logits - logits.max())
+            return self.rng.choices(pool, weights=probs.tolist(), k=k)
+        # Gumbel top-k: K draws without replacement with probabilities softmax(logits)
+        keys = logits + self.np_rng.gumbel(size=len(pool))
         return [pool[i] for i in np.argpartition(-keys, k - 1)[:k]]
 
-    def _trajectory_weights(self, prompt_key, pool: list[Trajectory]) -> np.ndarray:
-        cached = self._cache.get((prompt_key, "weights"))
-        if cached is None:
-            rewards = np.fromiter((t.reward for t in pool), dtype=float, count=len(pool))
-            cached = _mixed_probs(rewards, self.settings.reward_inv_temp, self.settings.reward_mix)
-            self._cache[(prompt_key, "weights")] = cached
-        return cached
-
-    def _prompt_cdf(self, keys: list) -> list[float] | None:
-        """Cumulative prompt weights for the replay branch, or None for uniform."""
-        if not self._reward_weighted():
-            return None
-        means = np.array([self.store.reward_sum[p] / len(self.store.prompts[p]) for p in keys])
-        return np.cumsum(_mixed_probs(means, self.settings.reward_inv_temp, self.settings.reward_mix)).tolist()
-
-    def _draw(self, keys: list, cdf: list[float] | None, current_version: int, fresh_from: int | None):
-        """A prompt (uniform, or by ``cdf``) with eligible trajectories; a few redraws, then an exact scan
-        (reached only when a staleness cap empties most prompts)."""
-        for _ in range(32):
-            if cdf is None:
-                key = keys[self.rng.randrange(len(keys))]
-            else:
-                key = keys[min(bisect.bisect_right(cdf, self.rng.random() * cdf[-1]), len(keys) - 1)]
-            pool = self._eligible_of(key, current_version, fresh_from)
-            if pool:
-                return key, pool
-        pools = [(p, self._eligible_of(p, current_version, fresh_from)) for p in keys]
-        live = [i for i, (_, pool) in enumerate(pools) if pool]
-        if not live:
-            return None, []
-        if cdf is None:
-            return pools[live[self.rng.randrange(len(live))]]
-        probs = np.diff([0.0, *cdf])
-        return pools[self.rng.choices(live, weights=[probs[i] for i in live], k=1)[0]]
-
-    def sample_groups(self, batch_size: int, k: int, current_version: int) -> list[SampledGroup]:
+    def sample_groups(self, batch_size: int, k: int, current_version: int) -> SampleReport:
         s = self.settings
+        if s.max_staleness is not None:
+            self.store.stats.evicted_stale += self.store.evict_older_than(current_version - s.max_staleness)
+        report = SampleReport(groups=[])
         if not len(self.store):
-            raise RuntimeError("the replay store is empty")
-        fresh_from = self.store.newest_version() - s.recency_window + 1
-        fresh_keys = self.store.fresh_prompts(s.recency_window)
-        all_keys = self.store.prompt_keys
-        if self._cache_key != (self.store.mutations, current_version):
-            self._cache = {"cdf": self._prompt_cdf(all_keys)}
-            self._cache_key = (self.store.mutations, current_version)
-        cdf = self._cache["cdf"]
-        groups = []
+            report.missing = batch_size
+            return report
+        fresh_from = self._fresh_from()
+        softmax = s.reward_inv_temp != 0
+        in_batch: set = set()
+        exhausted = {True: False, False: False}  # a branch with nothing new to draw in this batch
         for _ in range(batch_size):
             recency = self.rng.random() < s.recency_prob
-            if recency:
-                prompt, pool = self._draw(fresh_keys, None, current_version, fresh_from)
+            key = pool = None
+            if exhausted[recency]:
+                pass
+            elif recency:
+                key, pool = self._draw(self.recency, lambda: self.store.fresh_prompts(fresh_from),
+                                       lambda p: self._recency_pool(p, fresh_from), in_batch)
             else:
-                prompt, pool = self._draw(all_keys, cdf, current_version, None)
-            if prompt is None:
-                raise RuntimeError("the replay store holds no sampleable trajectories (all staler than "
-                                   "max_staleness?)")
-            weights = self._trajectory_weights(prompt, pool) if not recency and self._reward_weighted() else None
-            groups.append(SampledGroup(prompt, self._pick_k(pool, k, weights), "recency" if recency else "replay"))
-        return groups
+                key, pool = self._draw(self.replay, self.store.prompt_keys, self._replay_pool, in_batch)
+            exhausted[recency] = key is None
+            if key is None and in_batch:  # every drawable prompt is in the batch already: repeat one
+                key = self.rng.choice(sorted(in_batch, key=str))
+                pool = (self._recency_pool(key, fresh_from) if recency else []) or self._replay_pool(key)
+                report.repeated += 1
+            if not pool:
+                report.missing += 1
+                continue
+            in_batch.add(key)
+            self.undrawn_fresh.discard(key)
+            rewards = self.store.prompt(key).rewards()[-len(pool):] if softmax and not recency else None
+            picked = self._pick_k(pool, k, softmax and not recency, rewards)
+            report.groups.append(SampledGroup(key, picked, "recency" if recency else "replay",
+                                              self.store.prompt(key).payload))
+        if not report.missing:  # a batch with holes is not used: the caller waits and samples again
+            self._count_draws(report.groups)
+        return report
+
+    def _count_draws(self, groups: list[SampledGroup]) -> None:
+        cap = self.settings.max_replays
+        for group in groups:
+            for traj in group.trajectories:
+                traj.draws += 1
+                if cap is not None and traj.draws >= cap:
+                    self.store.evict(traj)
+                    self.store.stats.evicted_replayed += 1
 
     def state_dict(self) -> dict:
         return {"store": self.store.state_dict(), "rng": self.rng.getstate(),
-                "np_rng": self.np_rng.bit_generator.state}
+                "np_rng": self.np_rng.bit_generator.state, "recency": self.recency.state(),
+                "replay": self.replay.state(), "undrawn_fresh": sorted(self.undrawn_fresh, key=str)}
 
     def load_state_dict(self, state: dict) -> None:
         self.store.load_state_dict(state["store"])
         self.rng.setstate(state["rng"])
         self.np_rng.bit_generator.state = state["np_rng"]
+        self.recency.load(state["recency"])
+        self.replay.load(state["replay"])
+        self.undrawn_fresh = set(state["undrawn_fresh"])
 
 
 def staleness_summary(groups: list[SampledGroup], current_version: int, hist_bins: int = 4) -> dict[str, float]:
@@ -381,4 +520,3 @@ def staleness_summary(groups: list[SampledGroup], current_version: int, hist_bin
         summary[f"staleness_hist/{s}"] = float((stale == s).mean()) if stale.size else 0.0
     summary[f"staleness_hist/{hist_bins}+"] = float((stale >= hist_bins).mean()) if stale.size else 0.0
     return summary
-

@@ -27,15 +27,26 @@ class ReplaySettings:
     Lives in verl's ``trainer.v1.sampler.sampler_kwargs`` (verl's free-form dict for custom samplers)."""
 
     recency_prob: float = 0.95  # m: probability a group comes from the freshest weight versions
-    reward_inv_temp: float = 0.0  # softmax(inv_temp * reward) prompt weights; 0 = uniform (GSM8K)
-    reward_mix: float = 1.0  # weight of the softmax term vs uniform in the replay branch
+    reward_inv_temp: float = 0.0  # replay branch: softmax(inv_temp * reward) within a prompt; 0 = uniform (GSM8K)
+    samples_per_prompt: Optional[int] = None  # S generated per prompt; the trainer draws K = rollout.n of them
     per_prompt_capacity: int = 100
     capacity: int = 100_000  # global cap in trajectories
-    max_staleness: Optional[int] = None  # weight versions; None = no cap
+    capacity_bytes: Optional[int] = None  # global cap in bytes (tokens + log-probs + ~400 B per trajectory)
+    max_staleness: Optional[int] = None  # weight versions; staler trajectories leave the store; None = no cap
+    max_replays: Optional[int] = None  # times one trajectory may be drawn; reached, it leaves; None = no cap
     recency_window: int = 1  # versions counted as "freshest" (k in the decoupled mode)
     max_nonfinite_frac: float = 0.05  # stop the run when more rewards than this are NaN/inf
     min_fresh_groups: int = 0  # finished fresh groups to wait for before each sample; 0 = the batch size
+    wait_timeout_s: float = 600.0  # an empty or fully stale store waits this long for data, then stops the run
     seed: int = 0
+
+
+# keys an older tba-ext accepted, with what replaces them
+REMOVED_REPLAY_KEYS = {
+    "reward_mix": "the replay branch now picks prompts uniformly (cycling without replacement) and weights the "
+                  "trajectories within a prompt by softmax(reward_inv_temp * reward), as the reference code does; "
+                  "remove reward_mix",
+}
 
 
 @dataclass
@@ -59,13 +70,19 @@ def _build(cls, node: Mapping[str, Any] | None, prefix: str):
 
 def parse_replay_settings(node: Mapping[str, Any] | None, prefix: str) -> ReplaySettings:
     """ReplaySettings from a dict (verl's ``trainer.v1.sampler.sampler_kwargs``), with range checks."""
+    for key in set(node or {}) & set(REMOVED_REPLAY_KEYS):
+        raise ValueError(f"{prefix}{key}: {REMOVED_REPLAY_KEYS[key]}")
     r = _build(ReplaySettings, node, prefix)
     checks = [
         (0.0 <= r.recency_prob <= 1.0, "recency_prob must be in [0, 1]", r.recency_prob),
-        (0.0 <= r.reward_mix <= 1.0, "reward_mix must be in [0, 1]", r.reward_mix),
+        (r.samples_per_prompt is None or r.samples_per_prompt >= 2, "samples_per_prompt must be >= 2 or null",
+         r.samples_per_prompt),
         (r.per_prompt_capacity > 0, "per_prompt_capacity must be > 0", r.per_prompt_capacity),
         (r.capacity > 0, "capacity must be > 0", r.capacity),
+        (r.capacity_bytes is None or r.capacity_bytes > 0, "capacity_bytes must be > 0 or null", r.capacity_bytes),
         (r.max_staleness is None or r.max_staleness >= 0, "max_staleness must be >= 0 or null", r.max_staleness),
+        (r.max_replays is None or r.max_replays >= 1, "max_replays must be >= 1 or null", r.max_replays),
+        (r.wait_timeout_s > 0, "wait_timeout_s must be > 0", r.wait_timeout_s),
         (r.recency_window >= 1, "recency_window must be >= 1", r.recency_window),
         (0.0 <= r.max_nonfinite_frac <= 1.0, "max_nonfinite_frac must be in [0, 1]", r.max_nonfinite_frac),
         (r.min_fresh_groups >= 0, "min_fresh_groups must be >= 0", r.min_fresh_groups),
@@ -127,5 +144,66 @@ def check_tb_run(cfg: Mapping[str, Any]) -> None:
         )
     if loss_mode == "tb" and correction.get("rollout_is"):
         raise ValueError("TB takes no importance weights: set algorithm.rollout_correction.rollout_is=null")
+    if loss_mode == "tb_pg":
+        check_tb_pg_importance_weights(correction, actor.get("policy_loss", {}), rollout)
     if actor.get("use_kl_loss", False):
         raise ValueError("TB carries its KL term in the reward: set actor_rollout_ref.actor.use_kl_loss=False")
+
+
+# TBA' clamps pi_theta / pi_rollout at this value unless actor_rollout_ref.actor.policy_loss.is_ratio_max says
+# otherwise ([I]: CISPO clip_ratio = 8)
+IS_RATIO_MAX = 8.0
+
+
+def check_tb_pg_importance_weights(correction: Mapping[str, Any], policy_loss: Mapping[str, Any],
+                                   rollout: Mapping[str, Any]) -> None:
+    """TBA' weights each token by min(pi_theta / pi_rollout, is_ratio_max). verl supplies pi_old / pi_rollout
+    (``rollout_is_weights``, from the searcher's log-probs) when token-level rollout IS is on; the loss
+    multiplies it by pi_theta / pi_old and clamps. verl's own truncation must not bite first."""
+    prefix = "algorithm.rollout_correction."
+    if correction.get("rollout_is") != "token":
+        raise ValueError(f"tb_pg weights tokens by pi_theta / pi_rollout: set {prefix}rollout_is=token "
+                         f"(got {correction.get('rollout_is')}); verl then passes pi_old / pi_rollout to the loss")
+    is_ratio_max = float(policy_loss.get("is_ratio_max", IS_RATIO_MAX))
+    threshold = correction.get("rollout_is_threshold", 2.0)
+    if isinstance(threshold, str) and "_" in threshold or float(threshold) < 1e3 * is_ratio_max:
+        raise ValueError(f"tb_pg clamps the whole ratio at actor_rollout_ref.actor.policy_loss.is_ratio_max="
+                         f"{is_ratio_max}; verl's truncation {prefix}rollout_is_threshold={threshold} would clip "
+                         f"pi_old / pi_rollout first: set it to 1e6 (or above 1000 * is_ratio_max)")
+    if correction.get("rollout_is_batch_normalize", False):
+        raise ValueError(f"tb_pg needs the raw ratio: set {prefix}rollout_is_batch_normalize=False")
+    if not rollout.get("calculate_log_probs", False):
+        raise ValueError("tb_pg needs the searcher's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True")
+
+
+REPLAY_SAMPLER_NAME = "TBAReplaySampler"
+
+
+def uses_replay_sampler(cfg: Mapping[str, Any]) -> bool:
+    """Whether a full verl config (nested dicts or a DictConfig) selects tba-ext's replay sampler."""
+    sampler = ((cfg.get("trainer") or {}).get("v1") or {}).get("sampler") or {}
+    return (sampler.get("custom_sampler") or {}).get("name") == REPLAY_SAMPLER_NAME
+
+
+SAMPLER_KWARGS = "trainer.v1.sampler.sampler_kwargs."
+
+
+def check_replay_run(cfg: Mapping[str, Any]) -> ReplaySettings | None:
+    """The replay settings of a full verl config (None without the replay sampler), checked against verl's
+    own keys: the trainer draws K = rollout.n of the S = samples_per_prompt generated per prompt."""
+    n = int(cfg["actor_rollout_ref"]["rollout"].get("n", 1))
+    if not uses_replay_sampler(cfg):
+        return None
+    settings = parse_replay_settings(cfg["trainer"]["v1"]["sampler"].get("sampler_kwargs"), SAMPLER_KWARGS)
+    s = settings.samples_per_prompt
+    if s is not None and s < n:
+        raise ValueError(f"{SAMPLER_KWARGS}samples_per_prompt={s} is S, generated per prompt; it must be >= "
+                         f"actor_rollout_ref.rollout.n={n}, the K the trainer draws per group")
+    mode = cfg["trainer"]["v1"].get("trainer_mode", "sync")
+    if s is not None and s > n and not str(mode).startswith("tba_"):
+        raise ValueError(f"{SAMPLER_KWARGS}samples_per_prompt={s} > rollout.n needs a tba_* trainer mode (it asks "
+                         f"the searchers for S samples per prompt); trainer.v1.trainer_mode is {mode}")
+    if (s or n) > settings.per_prompt_capacity:
+        raise ValueError(f"{SAMPLER_KWARGS}per_prompt_capacity={settings.per_prompt_capacity} cannot hold one "
+                         f"generation of {s or n} samples per prompt; raise it")
+    return settings

@@ -35,6 +35,11 @@ def group_mean(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return (sums / counts)[groups]
 
 
+def group_centred(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``values`` minus the mean of their group."""
+    return values - group_mean(values, groups)
+
+
 def vargrad_tb_loss(
     policy_seq_logprob: torch.Tensor,
     ref_seq_logprob: torch.Tensor,
@@ -81,6 +86,17 @@ def tb_loss_from_advantage(
     mean-baseline REINFORCE on the KL-regularised reward (App. A).
     """
     return (policy_seq_logprob - old_seq_logprob - advantage) ** 2
+
+
+def tb_pg_loss_matrix(
+    token_logprob: torch.Tensor, advantage: torch.Tensor, ratio: torch.Tensor, is_ratio_max: float
+) -> torch.Tensor:
+    """TBA' per-token loss (paper section 6, PRIME-RL form): -sg(min(ratio, is_ratio_max)) * A * log pi_theta.
+
+    ``ratio`` is pi_theta / pi_rollout per token, against the policy that generated the trajectory; clamping
+    it from above (CISPO-style, 8 in the paper's runs) bounds the weight of very stale tokens. Shape (B, T).
+    """
+    return -torch.clamp(ratio.detach(), max=is_ratio_max) * advantage * token_logprob
 
 
 def beta_at_step(step: int, beta_init: float, beta_final: float | None, anneal_steps: int) -> float:
