@@ -188,3 +188,46 @@ def test_a_bad_reward_function_stops_the_run_naming_it_and_keeps_checkpoints(tin
     assert (ckpt / "global_step_2" / "actor").is_dir()
     if config == "cpu_tba":
         load_checked(str(ckpt / "global_step_2" / REPLAY_FILE))
+
+
+def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of_s(tiny_run, tmp_path):
+    """tba_sync with m = 1: each step's 8 freshly generated groups are exactly the 8 groups trained on, none
+    repeated; searchers generate S = 6 per prompt and the trainer draws K = rollout.n = 4 of them."""
+    metrics = tmp_path / "metrics.jsonl"
+    run_verl("cpu_tba", [f"run_dir={tiny_run}", "trainer.total_training_steps=3", "trainer.v1.trainer_mode=tba_sync",
+                         "trainer.v1.sampler.sampler_kwargs.recency_prob=1.0",
+                         "+trainer.v1.sampler.sampler_kwargs.samples_per_prompt=6"],
+             log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics))
+    records = read_metrics(metrics)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert series(records, "replay/ingested") == [8 * 6] * 3  # S = 6 per prompt generated and stored
+    assert series(records, "replay/fraction") == [0.0] * 3
+    assert series(records, "replay/distinct_prompt_frac") == [1.0] * 3
+    assert series(records, "replay/repeated_prompts") == [0] * 3
+    assert series(records, "replay/fresh_prompts_undrawn") == [0] * 3  # every fresh group was trained on
+    assert series(records, "replay/staleness_max") == [0.0] * 3
+    # verl trained on B x K = 32 trajectories, no padding rows (its batch arithmetic still sees n = K = 4)
+    for r in records:
+        d = r["data"]
+        assert d["perf/total_num_tokens"] == pytest.approx(32 * (d["prompt_length/mean"] + d["response_length/mean"]))
+
+
+def test_tb_pg_weights_stale_tokens_by_the_ratio_to_the_searchers_policy(tiny_run, tmp_path):
+    """TBA' on replayed, stale data (colocate_async, m = 0.5): the importance ratio pi_theta / pi_rollout is
+    taken against the searcher's log-probs, so it departs from 1 (with old recomputed at the current weights
+    it would be exactly 1)."""
+    metrics = tmp_path / "metrics.jsonl"
+    run_verl("cpu_tb_pg", [f"run_dir={tiny_run}", "trainer.total_training_steps=5", "actor_rollout_ref.actor.optim.lr=1e-2",
+                           "trainer.v1.trainer_mode=tba_colocate_async",
+                           "trainer.v1.colocate_async.num_warmup_batches=1",
+                           "trainer.v1.sampler.max_off_policy_threshold=null",
+                           "trainer.v1.sampler.custom_sampler.path=pkg://tba_ext.adapters.sampler",
+                           "trainer.v1.sampler.custom_sampler.name=TBAReplaySampler",
+                           "+trainer.v1.sampler.sampler_kwargs.recency_prob=0.5"],
+             log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics))
+    records = read_metrics(metrics)
+    assert [r["step"] for r in records] == list(range(1, 6))
+    assert max(series(records, "replay/staleness_max")) > 0
+    ratios = series(records, "actor/tb_pg/ratio_mean")
+    assert series(records, "replay/staleness_max")[0] == 0 and ratios[0] == pytest.approx(1.0, abs=1e-4)  # fresh
+    assert max(abs(x - 1.0) for x in ratios[1:]) > 1e-3, ratios  # stale: the searcher's policy differs

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from tba_ext.core.settings import check_tb_run, parse_settings
+from tba_ext.core.settings import check_replay_run, check_tb_run, parse_settings
 from tba_ext.launch import compose
 
 
@@ -65,3 +65,60 @@ def test_bad_tba_node_is_refused(node, message):
 def test_unknown_config_name_is_refused():
     with pytest.raises(ValueError, match="unknown config"):
         compose("cpu_nope", [])
+
+
+@pytest.fixture(scope="module")
+def tb_pg_config():
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose("cpu_tb_pg", ["run_dir=/nonexistent"]), resolve=True)
+
+
+def test_shipped_tb_pg_config_takes_the_ratio_against_the_rollout_policy(tb_pg_config):
+    check_tb_run(tb_pg_config)
+    assert tb_pg_config["algorithm"]["rollout_correction"]["rollout_is"] == "token"
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("algorithm.rollout_correction.rollout_is", None, "algorithm.rollout_correction.rollout_is=token"),
+        ("algorithm.rollout_correction.rollout_is", "sequence", "algorithm.rollout_correction.rollout_is=token"),
+        ("algorithm.rollout_correction.rollout_is_threshold", 2.0, "rollout_is_threshold"),
+        ("algorithm.rollout_correction.rollout_is_batch_normalize", True, "rollout_is_batch_normalize"),
+        ("actor_rollout_ref.rollout.calculate_log_probs", False, "calculate_log_probs"),
+    ],
+)
+def test_tb_pg_without_the_rollout_ratio_is_refused(tb_pg_config, key, value, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        check_tb_run(with_change(tb_pg_config, key, value))
+
+
+@pytest.fixture(scope="module")
+def tba_config():
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose("cpu_tba", ["run_dir=/nonexistent"]), resolve=True)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"trainer.v1.sampler.sampler_kwargs.samples_per_prompt": 3}, "samples_per_prompt=3 is S.*rollout.n=4,"),
+        ({"trainer.v1.sampler.sampler_kwargs.samples_per_prompt": 6, "trainer.v1.trainer_mode": "colocate_async"},
+         "trainer.v1.trainer_mode"),
+        ({"trainer.v1.sampler.sampler_kwargs.samples_per_prompt": 6,
+          "trainer.v1.sampler.sampler_kwargs.per_prompt_capacity": 5}, "per_prompt_capacity=5"),
+    ],
+)
+def test_bad_oversampling_is_refused(tba_config, changes, message):
+    cfg = tba_config
+    for key, value in changes.items():
+        cfg = with_change(cfg, key, value)
+    with pytest.raises(ValueError, match=message):
+        check_replay_run(cfg)
+
+
+def test_oversampling_settings_pass(tba_config):
+    cfg = with_change(tba_config, "trainer.v1.sampler.sampler_kwargs.samples_per_prompt", 6)
+    assert check_replay_run(cfg).samples_per_prompt == 6

@@ -7,6 +7,7 @@ import torch
 import verl  # noqa: F401  (loads the tba_ext plugin through its entry point)
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
 
 from tba_ext.core import tb
 
@@ -145,7 +146,7 @@ def test_on_policy_gradient_is_mean_baseline_reinforce_on_kl_regularised_reward(
     assert torch.allclose(g_tb, g_reinforce, rtol=1e-5, atol=1e-6)
 
 
-def test_tb_pg_advantage_is_beta_times_tb_advantage_and_ratio_is_clamped():
+def test_tb_pg_advantage_is_beta_times_tb_advantage_and_weight_is_the_clamped_ratio_to_the_rollout_policy():
     beta = 0.05
     old, ref, mask, reward, uids = make_batch(2, 4, 5, seed=5)
     adv_tb = tb_advantages(old, ref, mask, reward, uids, beta)
@@ -154,14 +155,41 @@ def test_tb_pg_advantage_is_beta_times_tb_advantage_and_ratio_is_clamped():
     adv_pg, _ = get_adv_estimator_fn("tb_pg")(token_level_rewards=token_rewards, response_mask=mask, index=uids,
                                              config=algo_config(beta))
     assert torch.allclose(adv_pg, beta * adv_tb, atol=1e-6)
-    theta = (old + 5.0 * mask).requires_grad_(True)  # ratios e^5 > 8 everywhere
+    # the searcher generated these tokens with older weights: rollout log-probs differ from the trainer's
+    g = torch.Generator().manual_seed(6)
+    rollout = old - 3.0 * torch.rand(old.shape, generator=g) * mask + 1.0 * torch.rand(old.shape, generator=g) * mask
+    correction = {"rollout_is": "token", "rollout_is_threshold": 1e6}  # algo/tb_pg.yaml
+    is_weights_proto, _, _ = compute_rollout_correction_and_rejection_mask(
+        old_log_prob=old, rollout_log_prob=rollout, response_mask=mask, **correction)
+    is_weights = is_weights_proto.batch["rollout_is_weights"]  # as verl stores it for the actor
+    theta = (old + 0.2 * torch.randn(old.shape, generator=g) * mask).requires_grad_(True)
     loss, metrics = get_policy_loss_fn("tb_pg")(old_log_prob=old, log_prob=theta, advantages=adv_pg,
                                                response_mask=mask.bool(), loss_agg_mode="seq-mean-token-sum",
-                                               config=LossConfig(len(reward)))
+                                               config=LossConfig(len(reward)), rollout_is_weights=is_weights)
     (grad,) = torch.autograd.grad(loss, theta)
-    expected = -8.0 * adv_pg * mask / len(reward)  # clamp at is_ratio_max, seq-mean
-    assert torch.allclose(grad, expected, atol=1e-6)
-    assert metrics["tb_pg/is_ratio_clipfrac"] == pytest.approx(1.0)
+    weight = torch.clamp(torch.exp(theta.detach() - rollout), max=8.0)  # min(pi_theta / pi_rollout, 8)
+    expected = -weight * adv_pg * mask / len(reward)  # d/dtheta of seq-mean-token-sum of -w A log pi
+    assert torch.allclose(grad, expected, atol=1e-5)
+    real = mask.bool()
+    assert (weight[real] - 1).abs().max() > 0.5  # stale tokens: the weight is not 1
+    assert (weight[real] == 8.0).any() and (weight[real] < 8.0).any()  # some clamped at 8, some not
+    assert 0 < metrics["tb_pg/is_ratio_clipfrac"] < 1
+    with pytest.raises(ValueError, match="rollout_correction.rollout_is=token"):
+        get_policy_loss_fn("tb_pg")(old_log_prob=old, log_prob=theta, advantages=adv_pg, response_mask=mask.bool(),
+                                   loss_agg_mode="seq-mean-token-sum", config=LossConfig(len(reward)))
+
+
+def test_padding_rows_get_zero_advantage_and_stay_out_of_the_groups():
+    """verl pads a batch to a multiple of the data-parallel size with rows of empty response mask sharing one
+    uid; one such row is a 'group of size 1' that must not stop TB."""
+    beta = 0.1
+    old, ref, mask, reward, uids = make_batch(2, 3, 4, seed=2)
+    adv = tb_advantages(old, ref, mask, reward, uids, beta)
+    pad_mask = torch.cat([mask, torch.zeros(1, mask.shape[1])])
+    padded = [torch.cat([x, torch.zeros(1, x.shape[1])]) for x in (old, ref)]
+    adv_padded = tb_advantages(*padded, pad_mask, torch.cat([reward, torch.zeros(1)]),
+                               np.append(uids, "pad0"), beta)
+    assert torch.equal(adv_padded[:-1], adv) and not adv_padded[-1].any()
 
 
 def test_beta_schedule_matches_reference_code():
