@@ -91,22 +91,33 @@ def test_ctrl_c_stops_the_run_and_all_its_processes(tiny_run, tmp_path):
     wait_for(lambda: not session_pids(sid), 30, "the verl session to be empty")
 
 
-def test_a_frozen_rollout_worker_ends_the_run_within_the_stall_timeout(tiny_run, tmp_path):
-    """A worker that hangs (here: the rollout server SIGSTOPped after step 1) leaves verl waiting forever;
-    the launcher's watchdog stops the run, says so, and leaves no process of the session behind."""
-    proc, metrics = start_train("cpu_tb", tiny_run, tmp_path, "trainer.total_training_steps=20",
-                                "--stall-timeout", "40")
+FROZEN = {
+    # the launcher's watchdog: verl itself would wait forever
+    "watchdog": (["cpu_tb", "--stall-timeout", "40"], "no training step finished in 40s after step"),
+    # the replay sampler: its store is all staler than max_staleness, so it waits for generation, then stops
+    # the run naming the setting, before the watchdog's longer limit
+    "replay_wait": (["cpu_tba", "--stall-timeout", "300", "trainer.v1.sampler.sampler_kwargs.max_staleness=0",
+                     "+trainer.v1.sampler.sampler_kwargs.wait_timeout_s=15"], "wait_timeout_s"),
+}
+
+
+@pytest.mark.parametrize("who", sorted(FROZEN))
+def test_a_frozen_rollout_worker_ends_the_run_with_a_clear_message(tiny_run, tmp_path, who):
+    """A worker that hangs (here: the rollout server SIGSTOPped after step 1) leaves verl waiting forever; the
+    run is stopped, says why, and leaves no process of the session behind."""
+    (config, *overrides), message = FROZEN[who]
+    proc, metrics = start_train(config, tiny_run, tmp_path, "trainer.total_training_steps=20", *overrides)
     try:
         wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
         sid = verl_session(proc)
         servers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
         assert len(servers) == 1
         os.kill(servers[0], signal.SIGSTOP)
-        out, _ = proc.communicate(timeout=600)  # without the watchdog this would never return
+        out, _ = proc.communicate(timeout=600)  # without a limit this would never return
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1
-    assert "no training step finished in 40s after step" in out and "so the run was stopped" in out
+    assert message in out, out[-3000:]
     assert len(steps_logged(metrics)) < 20
     assert not session_pids(sid)

@@ -57,7 +57,7 @@ def prompt_identity(row: dict) -> str:
     return hashlib.sha1(np.asarray(row["prompts"], dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
-class ReplayWaitTimeout(RuntimeError):
+class ReplayWaitTimeoutError(RuntimeError):
     pass
 
 
@@ -137,7 +137,7 @@ class TBAReplaySampler(ReplayBufferAsync):
                 break
             # nothing sampleable yet (empty store, or all of it past max_staleness): wait for generation
             if time.monotonic() > deadline:
-                raise ReplayWaitTimeout(
+                raise ReplayWaitTimeoutError(
                     f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
                     f"({len(self.store)} trajectories stored, max_staleness={self.settings.max_staleness}); are the "
                     f"searchers alive? Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer")
