@@ -69,7 +69,8 @@ def cmd_quickstart(args) -> int:
 def cmd_compare(args) -> int:
     from tba_ext.compare import compare
 
-    compare(args.run_dir, short=args.short, seeds=args.seeds, staleness=args.staleness)
+    compare(args.run_dir, short=args.short, seeds=args.seeds, staleness=args.staleness, methods=args.methods,
+            steps=args.steps, eval_every=args.eval_every, results_path=args.results)
     return 0
 
 
@@ -129,11 +130,16 @@ def main(argv=None) -> int:
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for the verl run")
     p.set_defaults(fn=cmd_quickstart)
 
-    p = sub.add_parser("compare", help="TBA vs Dr. GRPO on identical data, model and seeds; one report")
+    p = sub.add_parser("compare", help="TB vs TBA' vs Dr. GRPO on identical model, data and seeds over staleness")
     p.add_argument("--run-dir", default="tba_compare")
-    p.add_argument("--short", action="store_true")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--staleness", type=int, nargs="+", default=[0], help="colocate_async warm-up batches")
+    p.add_argument("--short", action="store_true", help="a shortened run (CI)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 10],
+                   help="bounds all off-policy data: 0 = on-policy; s = generation s batches ahead, replay <= s")
+    p.add_argument("--methods", nargs="+", default=["TB", "TBA'", "Dr. GRPO"])
+    p.add_argument("--steps", type=int, default=None, help="optimizer updates per run (default: the recipe's)")
+    p.add_argument("--eval-every", type=int, default=None, help="held-out validation every N updates")
+    p.add_argument("--results", default=None, help="also write the results JSON here")
     p.set_defaults(fn=cmd_compare)
 
     args, unknown = parser.parse_known_args(argv)

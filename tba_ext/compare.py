@@ -1,83 +1,163 @@
-"""``tba-ext compare``: TBA vs Dr. GRPO on identical data, model and seeds, at one or more staleness levels.
+"""``tba-ext compare``: TB, TBA' and Dr. GRPO on identical model, warm start, data and seeds, over staleness.
 
-Staleness level s = verl colocate_async's ``num_warmup_batches``: generation runs s batches ahead of training,
-so trained data is up to s weight versions old (s = 0 is on-policy sync). Dr. GRPO is verl's built-in
-(`algorithm.adv_estimator=grpo`, `norm_adv_by_std_in_grpo=False`, `loss_agg_mode=seq-mean-token-sum-norm`,
-no KL); TBA is tb + the replay buffer. Every run reports greedy held-out accuracy before/after (verl's own
-validation). One report: curves vs steps and vs wall-clock, KL to reference, staleness, side by side.
+Staleness s bounds every source of off-policy data, for every method:
+- s = 0: on-policy. verl's sync trainer; TB and TBA' keep the replay sampler but draw only fresh groups
+  (``recency_prob=1``, ``max_staleness=0``).
+- s > 0: verl's colocate_async with generation s batches ahead of training; TB and TBA' also replay from
+  their store with the recipe's m, never anything staler than s (``max_staleness=s``). Dr. GRPO is verl's
+  built-in (``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False``, ``seq-mean-token-sum-norm``, no KL).
+The quickstart's recipe (model, warm start, lr, batch, beta, m) is the one used here. Each run reports held-out
+greedy accuracy (verl's own validation, before training and every ``eval_every`` updates) and the sampled
+accuracy of the exported model; the summary is mean, sd and a 95 % t-interval of the gain over seeds.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
 
+import numpy as np
+
 from tba_ext import report
+from tba_ext.evaluate import greedy_accuracy
 from tba_ext.launch import run_verl
-from tba_ext.quickstart import FULL, SHORT, STALL_TIMEOUT_S, prepare, training_overrides
+from tba_ext.quickstart import STALL_TIMEOUT_S, prepare
+from tba_ext.recipe import FULL, METHODS, SHORT, method_overrides, training_overrides
+
+def interval95(values: list[float]) -> tuple[float, float, float]:
+    """Mean, sd and the half-width of a two-sided 95 % t-interval (0 for a single value)."""
+    from scipy import stats
+
+    n = len(values)
+    mean = float(np.mean(values))
+    if n < 2:
+        return mean, 0.0, 0.0
+    sd = float(np.std(values, ddof=1))
+    return mean, sd, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
 
 
-def run_overrides(run_dir: str, p: dict, seed: int, staleness: int, steps: int) -> list[str]:
-    mode = [f"trainer.v1.colocate_async.num_warmup_batches={staleness}"] if staleness else []
-    return training_overrides(run_dir, p, seed, steps) + mode
+def summarise(results: list[dict]) -> dict:
+    """Per method and staleness: gain (after - before, held-out greedy) mean, sd, 95 % interval, n."""
+    out: dict = {}
+    for r in results:
+        out.setdefault(r["method"], {}).setdefault(str(r["staleness"]), []).append(r)
+    summary = {}
+    for method, by_s in out.items():
+        summary[method] = {}
+        for s, rows in by_s.items():
+            gains = [r["accuracy_after"] - r["accuracy_before"] for r in rows]
+            sampled = [r["sampled_after"] - r["sampled_before"] for r in rows]
+            mean, sd, half = interval95(gains)
+            summary[method][s] = {"gain_mean": mean, "gain_sd": sd, "gain_ci95": half, "n_seeds": len(rows),
+                                  "sampled_gain_mean": float(np.mean(sampled)),
+                                  "accuracy_after_mean": float(np.mean([r["accuracy_after"] for r in rows])),
+                                  "wall_s_mean": float(np.mean([r["wall_s"] for r in rows]))}
+    return summary
 
 
-ALGORITHMS = {
-    # name: (config, trainer mode when staleness = 0, trainer mode when > 0)
-    "TBA": ("cpu_tba", "tba_sync", "tba_colocate_async"),
-    "Dr. GRPO": ("cpu_drgrpo", "sync", "colocate_async"),
-}
+def _band_plot(curves: dict, path: str, x: str) -> None:
+    """Held-out accuracy vs updates (or wall-clock): mean over seeds with a 95 % band, one line per run kind."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for label, runs in sorted(curves.items()):
+        steps = sorted(set.intersection(*[set(r["steps"]) for r in runs]))
+        if not steps:
+            continue
+        values = np.array([[dict(zip(r["steps"], r["accuracy"]))[s] for s in steps] for r in runs])
+        xs = steps if x == "step" else np.mean([[dict(zip(r["steps"], r["time"]))[s] for s in steps] for r in runs], 0)
+        stats = [interval95(list(col)) for col in values.T]
+        mean = np.array([m for m, _, _ in stats])
+        half = np.array([h for _, _, h in stats])
+        ax.plot(xs, mean, marker="o", markersize=3, label=f"{label} (n={len(runs)})")
+        ax.fill_between(xs, mean - half, mean + half, alpha=0.15)
+    ax.set_xlabel("optimizer updates" if x == "step" else "wall-clock (s)")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
-def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,)) -> dict:
+def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), methods=tuple(METHODS),
+            steps: int | None = None, eval_every: int | None = None, results_path: str | None = None) -> dict:
     p = dict(SHORT if short else FULL)
-    steps = 3 if short else 40
+    steps = steps or (3 if short else p["rl_steps"])
+    eval_every = eval_every or steps
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
     run_dir = os.path.abspath(run_dir)
     if os.path.exists(run_dir):
         shutil.rmtree(run_dir)
     report.ensure_dir(run_dir)
     results, curves = [], {}
+    total, done = len(seeds) * len(staleness) * len(methods), 0
     for seed in seeds:
         seed_dir = f"{run_dir}/seed{seed}"
-        prepare(seed_dir, p, seed)  # identical model, data and warm start for both algorithms
+        prepare(seed_dir, p, seed)  # identical model, data and warm start for every method
+        before = greedy_accuracy(f"{seed_dir}/model_sft", f"{seed_dir}/data/test.parquet", samples=8, seed=seed)
         for s in staleness:
-            for name, (config, sync_mode, async_mode) in ALGORITHMS.items():
-                label = f"{name} s={s} seed={seed}"
-                print(f"== {label}", flush=True)
-                metrics = f"{seed_dir}/{name.replace('. ', '').replace(' ', '_')}_s{s}.jsonl"
+            for method in methods:
+                done += 1
+                print(f"== [{done}/{total}] {method} s={s} seed={seed}", flush=True)
+                tag = f"{method.replace('. ', '').replace(' ', '_').replace(chr(39), 'p')}_s{s}"
+                metrics, ckpt = f"{seed_dir}/{tag}.jsonl", f"{seed_dir}/{tag}_ckpt"
                 start = time.time()
-                run_verl(config, run_overrides(seed_dir, p, seed, s, steps)
-                         + [f"trainer.v1.trainer_mode={async_mode if s else sync_mode}"],
+                run_verl(METHODS[method][0],
+                         training_overrides(seed_dir, p, seed, steps, eval_every)
+                         + method_overrides(method, s, p["recency_prob"])
+                         + [f"trainer.save_freq={steps}",
+                            f"trainer.default_local_dir={ckpt}",
+                            "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"],
                          log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics,
                          stall_timeout=STALL_TIMEOUT_S)
+                wall = time.time() - start
+                after = greedy_accuracy(f"{ckpt}/global_step_{steps}/actor/huggingface",
+                                        f"{seed_dir}/data/test.parquet", samples=8, seed=seed)
+                shutil.rmtree(ckpt, ignore_errors=True)
                 records = report.add_elapsed(report.read_metrics(metrics))
-                curves[label] = records
                 val_key = report.find_key(records, "val-core/", "mean@1")
-                val = report.series(records, val_key)[1] if val_key else []
-                kl = report.series(records, "actor/reward_kl_penalty")[1] or report.series(records, "tb/kl")[1]
+                val_steps, val = report.series(records, val_key) if val_key else ([], [])
+                times = dict(zip(*report.series(records, "tba/elapsed_s")))
+                curves.setdefault(f"{method} s={s}", []).append(
+                    {"steps": [0, *val_steps[1:]], "accuracy": val,
+                     "time": [0.0, *[times.get(x, float("nan")) for x in val_steps[1:]]]})
                 results.append({
-                    "algorithm": name, "staleness": s, "seed": seed,
-                    "accuracy_before": val[0] if val else None, "accuracy_after": val[-1] if val else None,
+                    "method": method, "staleness": s, "seed": seed,
+                    "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
+                    "sampled_before": before["sampled_accuracy"], "sampled_after": after["sampled_accuracy"],
                     "train_reward_last": report.series(records, "critic/score/mean")[1][-1],
-                    "wall_s": time.time() - start,
+                    "grad_norm_median": float(np.median(report.series(records, "actor/grad_norm")[1])),
                     "mean_staleness": _mean(report.series(records, "training/off_policy/trajectory_staleness/mean")[1]),
-                    "kl_last": kl[-1] if kl else None,
+                    "wall_s": wall,
                 })
-    panels = [("critic/score/mean", "train reward"), ("training/off_policy/trajectory_staleness/mean", "staleness"),
-              ("actor/grad_norm", "grad norm")]
-    report.plot_runs(curves, panels, f"{run_dir}/curves_vs_step.png", title="TBA vs Dr. GRPO")
-    report.plot_runs(curves, panels[:1], f"{run_dir}/reward_vs_time.png", x="time", title="reward vs wall-clock")
-    report.write_json(results, f"{run_dir}/results.json")
-    table = report.md_table(results, ["algorithm", "staleness", "seed", "accuracy_before", "accuracy_after",
-                                      "train_reward_last", "mean_staleness", "kl_last", "wall_s"])
+                print(f"   held-out {before['accuracy']:.3f} -> {after['accuracy']:.3f} (sampled "
+                      f"{before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}) in {wall:.0f}s", flush=True)
+    summary = summarise(results)
+    _band_plot(curves, f"{run_dir}/accuracy_vs_updates.png", "step")
+    _band_plot(curves, f"{run_dir}/accuracy_vs_time.png", "time")
+    payload = {"recipe": {k: v for k, v in p.items()}, "steps": steps, "seeds": list(seeds),
+               "staleness": list(staleness), "methods": list(methods), "summary": summary, "runs": results}
+    report.write_json(payload, f"{run_dir}/compare.json")
+    if results_path:
+        report.write_json(payload, results_path)
+    rows = [{"method": m, "staleness": s, "n": v["n_seeds"],
+             "held-out gain (mean +- sd)": f"{v['gain_mean']:+.3f} +- {v['gain_sd']:.3f}",
+             "95% interval": f"[{v['gain_mean'] - v['gain_ci95']:+.3f}, {v['gain_mean'] + v['gain_ci95']:+.3f}]",
+             "sampled gain": f"{v['sampled_gain_mean']:+.3f}", "wall s": f"{v['wall_s_mean']:.0f}"}
+            for m, by_s in summary.items() for s, v in by_s.items()]
+    table = report.md_table(rows, list(rows[0]))
     with open(f"{run_dir}/report.md", "w") as f:
-        f.write("# TBA vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds per row pair; staleness s = "
-                "generation batches ahead of training (verl colocate_async).\n\n" + table +
-                "\n\n![vs step](curves_vs_step.png)\n\n![vs time](reward_vs_time.png)\n")
+        f.write("# TB vs TBA' vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds; staleness s bounds "
+                "all off-policy data (s = 0: on-policy). Gain = held-out greedy accuracy after - before.\n\n"
+                + table + "\n\n![vs updates](accuracy_vs_updates.png)\n\n![vs time](accuracy_vs_time.png)\n")
     print(table)
     print(f"report: {run_dir}/report.md")
-    return {"results": results}
+    return payload
 
 
 def _mean(values):

@@ -40,12 +40,25 @@ def generate(model_dir: str, chats: list, max_new_tokens: int, batch_size: int =
 
 
 def greedy_accuracy(model_dir: str, parquet_path: str, max_new_tokens: int = 8, batch_size: int = 64,
-                    limit: int | None = None) -> dict:
+                    limit: int | None = None, samples: int = 0, seed: int = 0) -> dict:
+    """Greedy pass@1 over the split; with ``samples`` > 0 also ``sampled_accuracy``, the mean reward of that
+    many temperature-1 samples per prompt (the expected reward RL optimises: far less coarse than greedy on
+    a few distinct prompts)."""
     frame = read_split(parquet_path, limit)
-    texts = generate(model_dir, list(frame["prompt"]), max_new_tokens, batch_size)
-    scores = [float(compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"]))
-              for text, (_, row) in zip(texts, frame.iterrows())]
-    return {"accuracy": sum(scores) / len(scores), "n": len(scores)}
+    rows = [row for _, row in frame.iterrows()]
+
+    def score(texts, repeat=1):
+        return [float(compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"]))
+                for text, row in zip(texts, [r for r in rows for _ in range(repeat)])]
+
+    greedy = score(generate(model_dir, list(frame["prompt"]), max_new_tokens, batch_size))
+    result = {"accuracy": sum(greedy) / len(greedy), "n": len(greedy)}
+    if samples:
+        chats = [c for c in frame["prompt"] for _ in range(samples)]
+        sampled = score(generate(model_dir, chats, max_new_tokens, batch_size * samples, sample=True, seed=seed),
+                        samples)
+        result["sampled_accuracy"] = sum(sampled) / len(sampled)
+    return result
 
 
 def tldr_win_rate(model_dir: str, parquet_path: str, reward_model_path: str, max_new_tokens: int = 128,

@@ -18,44 +18,23 @@ from tba_ext import report
 from tba_ext.evaluate import greedy_accuracy
 from tba_ext.launch import run_verl
 from tba_ext.models import ModelSpec, make_model
+from tba_ext.recipe import FULL, SHORT, method_overrides, training_overrides
 from tba_ext.tasks.data import corpus_for, write_task
 from tba_ext.warmstart import warm_start
 
-# The warm start is deliberately short: the model answers about half of the training prompts, so TB has
-# groups with reward variance to learn from. The full run uses the paper's recency probability m = 0.95 and
-# lr 1e-4 (measured over three seeds: held-out gain 0.147 +- 0.062, every seed up; lr 3e-4 with m = 0.5
-# degraded it).
-FULL = dict(size="small", train=4000, test=200, sft_steps=150, sft_lr=1e-3, rl_steps=60, batch=16, rl_lr=1e-4,
-            overrides=["trainer.v1.sampler.sampler_kwargs.recency_prob=0.95"])
 STALL_TIMEOUT_S = 600  # a CPU step takes seconds: ten minutes without one means a hung worker
-SHORT = dict(size="tiny", train=256, test=32, sft_steps=150, sft_lr=3e-3, rl_steps=4, batch=8, rl_lr=3e-4)
-
-
-def training_overrides(run_dir: str, p: dict, seed: int, steps: int) -> list[str]:
-    """The RL run on top of a prepared run folder: warm-started model, batch, lr, seed, greedy validation
-    before training and at its end. Shared by the quickstart and ``tba-ext compare``."""
-    return [
-        f"run_dir={run_dir}",
-        f"actor_rollout_ref.model.path={run_dir}/model_sft",
-        f"trainer.total_training_steps={steps}",
-        f"data.train_batch_size={p['batch']}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={p['batch']}",
-        f"data.seed={seed}",
-        f"actor_rollout_ref.actor.optim.lr={p['rl_lr']}",
-        "trainer.val_before_train=True",
-        f"trainer.test_freq={steps}",
-    ]
 
 
 def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = None) -> list[str]:
+    """The quickstart's run: TB at the recipe's staleness, saved with a Hugging Face copy at the end."""
     steps = p["rl_steps"]
     return [
         *training_overrides(run_dir, p, seed, steps),
+        *method_overrides("TB", p["staleness"], p["recency_prob"]),
         f"trainer.save_freq={steps}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "actor_rollout_ref.actor.checkpoint.load_contents=[model,optimizer,extra]",
         f"trainer.default_local_dir={run_dir}/checkpoints",
-        *p.get("overrides", []),
         *(extra or []),
     ]
 
@@ -63,10 +42,11 @@ def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = Non
 def prepare(run_dir: str, p: dict, seed: int) -> dict:
     t0 = time.time()
     print(f"[1/5] building a {p['size']} Qwen2 model and tokenizer offline", flush=True)
-    model_info = make_model(f"{run_dir}/model", corpus_for("arith", seed), ModelSpec(size=p["size"], seed=seed))
+    task = p.get("task", "arith")
+    model_info = make_model(f"{run_dir}/model", corpus_for(task, seed), ModelSpec(size=p["size"], seed=seed))
     print(f"      {model_info['parameters']:,} parameters, vocabulary {model_info['vocab']}", flush=True)
     print(f"[2/5] writing the arithmetic task: {p['train']} train / {p['test']} test prompts", flush=True)
-    write_task("arith", f"{run_dir}/data", p["train"], p["test"], seed)
+    write_task(task, f"{run_dir}/data", p["train"], p["test"], seed)
     print(f"[3/5] supervised warm start, {p['sft_steps']} steps", flush=True)
     losses = warm_start(f"{run_dir}/model", f"{run_dir}/data/train.parquet", f"{run_dir}/model_sft",
                         steps=p["sft_steps"], lr=p["sft_lr"], seed=seed, log_every=max(p["sft_steps"] // 4, 1))

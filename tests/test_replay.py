@@ -205,7 +205,7 @@ def test_max_replays_caps_how_often_a_trajectory_is_drawn():
 
 
 def test_save_restore_round_trip_is_byte_identical(tmp_path):
-    store = TrajectoryStore(100, 10_000)
+    store = TrajectoryStore(5, 40)
     fill(store)
     sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.5, reward_inv_temp=1.0, seed=6))
     sampler.sample_groups(3, 2, 2)  # advance the random state and the prompt cycles
@@ -217,10 +217,16 @@ def test_save_restore_round_trip_is_byte_identical(tmp_path):
     save_atomic(restored.state_dict(), str(second))
     assert first.read_bytes() == second.read_bytes()
     # the random state continues where it was
-    for _ in range(5):
-        a = [tuple(t.response) for g in sample(sampler, 4, 2, 2) for t in g.trajectories]
-        b = [tuple(t.response) for g in sample(restored, 4, 2, 2) for t in g.trajectories]
+    for version in range(2, 7):
+        a = [tuple(t.response) for g in sample(sampler, 4, 2, version) for t in g.trajectories]
+        b = [tuple(t.response) for g in sample(restored, 4, 2, version) for t in g.trajectories]
         assert a == b
+        # and both keep admitting and evicting alike (dedup hits, per-prompt and global caps)
+        for s in (sampler, restored):
+            fill(s.store, prompts=5, per_prompt=3, versions=(version,), reward=lambda p, j: float(p + j))
+            fill(s.store, prompts=2, per_prompt=3, versions=(version,))
+        assert [(t.version, t.order) for p in range(5) for t in sampler.store.trajectories(f"p{p}")] == \
+            [(t.version, t.order) for p in range(5) for t in restored.store.trajectories(f"p{p}")]
 
 
 def test_corrupt_checkpoint_is_refused_with_its_path(tmp_path):

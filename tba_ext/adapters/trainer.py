@@ -189,6 +189,21 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
 
     base_mode = "separate_async"
 
+    SEARCHER_RESTART_WAIT_S = 300
+
+    def on_step_end(self):
+        """verl's weight sync, retried while a searcher that died is being restarted by Ray: the sync's first
+        call to it then fails with ActorUnavailableError ("the actor is restarting"), and would end the run."""
+        deadline = time.time() + self.SEARCHER_RESTART_WAIT_S
+        while True:
+            try:
+                return super().on_step_end()
+            except ray.exceptions.ActorUnavailableError as exc:
+                if time.time() > deadline:
+                    raise
+                logger.warning("tba: a searcher is restarting; weight sync retried in 2 s (%s)", exc)
+                time.sleep(2)
+
     def _compute_old_log_prob(self, batch, metrics: dict):
         # verl restores the sync-window's pi_old here for PPO's clipped ratio. TB has no ratio: its log Z is
         # estimated at the policy being updated, as the paper's trainer does, so use the current weights.

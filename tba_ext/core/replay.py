@@ -285,7 +285,9 @@ class TrajectoryStore:
             "capacity_bytes": self.capacity_bytes,
             "order": self._order,
             "stats": vars(self.stats).copy(),
-            "prompts": {key: entry.payload for key, entry in self._prompts.items()},
+            # dict orders decide which prompt of the oldest version is evicted first: kept as they are
+            "prompts": [(key, entry.payload) for key, entry in self._prompts.items()],
+            "version_prompts": [(v, list(keys)) for v, keys in self._version_prompts.items()],
             "trajectories": [(t.prompt_key, t.response, t.reward, t.version, t.rollout_logprobs, t.extras,
                               t.order, t.draws) for t in trajectories],
         }
@@ -296,11 +298,20 @@ class TrajectoryStore:
         listeners = self.new_prompt_listeners, self.fresh_listeners
         self.__init__(state["per_prompt_capacity"], state["capacity"], state.get("capacity_bytes"))
         self.new_prompt_listeners, self.fresh_listeners = listeners
-        payloads = state["prompts"]
+        self._prompts = {key: PromptEntry(payload=payload) for key, payload in state["prompts"]}
+        counts: dict = {}
         for prompt_key, response, reward, version, logprobs, extras, order, draws in state["trajectories"]:
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras, draws=draws)
-            self.admit(traj, payloads.get(prompt_key))
-            traj.order = order  # the saved order (admission keeps the relative order; ties use it)
+            traj.order = order
+            entry = self._prompts[prompt_key]
+            bisect.insort(entry.items, traj, key=_age)
+            entry.by_digest[traj.digest] = traj
+            self._size += 1
+            self._bytes += traj.nbytes
+            self._reward_sum += traj.reward
+            counts[(version, prompt_key)] = counts.get((version, prompt_key), 0) + 1
+        self._version_prompts = {v: {key: counts[(v, key)] for key in keys} for v, keys in state["version_prompts"]}
+        self._versions = sorted(self._version_prompts)
         self._order = state["order"]
         self.stats = StoreStats(**state["stats"])
 

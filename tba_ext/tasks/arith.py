@@ -9,21 +9,40 @@ INSTRUCTION = "Answer with the number only."
 
 
 def is_held_out(a: int, b: int) -> bool:
-    """A fixed 10% of operand pairs (one per first operand) never appear in training: the test split asks
-    only these, so held-out accuracy measures generalisation, not memorisation."""
+    """arith: a fixed 10% of operand pairs (one per first operand) never appear in training: the test split
+    asks only these, so held-out accuracy measures generalisation, not memorisation. (All of their sums are
+    even: a structured hold-out, hard to generalise to.)"""
     return (a * 7 + b * 3) % 10 == 0
 
 
+def held_out_pairs(max_operand: int) -> set[tuple[int, int]]:
+    """The operand pairs only the test split asks. arith (0..9): ``is_held_out``. Larger ranges: a fixed
+    random 10% of all pairs, so held-out sums look like training ones (both parities, every magnitude)."""
+    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    if max_operand == 9:
+        return {p for p in pairs if is_held_out(*p)}
+    return set(random.Random(20251130).sample(pairs, len(pairs) // 10))
+
+
+# task name -> largest operand: "arith" has 10 held-out pairs (0..9), "arith20" 40 (0..19, two-digit sums)
+MAX_OPERAND = {"arith": 9, "arith20": 19}
+
+
 def make_problems(n: int, seed: int, split: str = "train", max_operand: int = 9, ops: str = "+") -> list[dict]:
-    """``n`` problems "a+b=?" with operands in [0, max_operand]; train and test use disjoint operand pairs."""
+    """``n`` problems "a+b=?" with operands in [0, max_operand]; train and test use disjoint operand pairs.
+    Train draws pairs at random; test goes through every held-out pair in turn (in a shuffled order), so each
+    counts equally in a held-out accuracy."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be train or test, got {split!r}")
+    held_out = held_out_pairs(max_operand)
     pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)
-             if is_held_out(a, b) == (split == "test")]
+             if ((a, b) in held_out) == (split == "test")]
     rng = random.Random(seed)
+    rng.shuffle(pairs)
     rows = []
-    for _ in range(n):
-        (a, b), op = rng.choice(pairs), rng.choice(ops)
+    for i in range(n):
+        (a, b) = pairs[i % len(pairs)] if split == "test" else rng.choice(pairs)
+        op = rng.choice(ops)
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
         rows.append({"question": f"{a}{op}{b}=?", "answer": str(answer)})
     return rows

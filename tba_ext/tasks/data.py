@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-TASKS = ("arith", "gsm_symbolic", "gsm8k", "tldr", "redteam")
+TASKS = ("arith", "arith20", "gsm_symbolic", "gsm8k", "tldr", "redteam")
 
 
 def rows_for(task: str, split: str, size: int, seed: int, source: str | None = None) -> list[dict]:
-    if task == "arith":
+    if task in ("arith", "arith20"):
         from tba_ext.tasks import arith
 
-        problems = arith.make_problems(size, seed=seed, split=split)
+        problems = arith.make_problems(size, seed=seed, split=split, max_operand=arith.MAX_OPERAND[task])
         return [arith.to_verl_row(p, split, i) for i, p in enumerate(problems)]
     if task == "gsm_symbolic":
         from tba_ext.tasks import gsm8k
@@ -55,10 +55,12 @@ def write_task(task: str, out: str, train_size: int, test_size: int, seed: int, 
 
 def corpus_for(task: str, seed: int, source: str | None = None) -> list[str]:
     """Tokenizer training text for a task: its prompts and answers in chat form."""
-    if task == "arith":
+    if task in ("arith", "arith20"):
         from tba_ext.tasks import arith
 
-        return arith.corpus(arith.make_problems(5000, seed=seed) + arith.make_problems(500, seed=seed, split="test"))
+        top = arith.MAX_OPERAND[task]
+        return arith.corpus(arith.make_problems(5000, seed=seed, max_operand=top)
+                            + arith.make_problems(500, seed=seed, split="test", max_operand=top))
     rows = rows_for(task, "train", 2000, seed, source)
     return [r["prompt"][0]["content"] + "\n" + r["extra_info"].get("answer_text", "") for r in rows]
 

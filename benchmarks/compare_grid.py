@@ -1,0 +1,31 @@
+"""The evidence grid (issue 14): TB, TBA' and Dr. GRPO x staleness {0, 4, 10} x seeds {0, 1, 2} on the CPU recipe
+(tba_ext/recipe.py), each run from the same warm start per seed. Hours on 2 cores.
+
+    python benchmarks/compare_grid.py [--seeds 0 1 2] [--staleness 0 4 10] [--steps 60]
+
+Writes benchmarks/results/compare.json (per method and staleness: gain_mean, gain_sd, gain_ci95, n_seeds, ...),
+and the run folder's report.md with held-out accuracy vs updates and vs wall-clock (mean, 95 % band; PNG).
+"""
+
+import argparse
+
+from tba_ext.compare import compare
+from tba_ext.recipe import METHODS
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 10])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--run-dir", default="benchmarks/results/compare_run")
+    parser.add_argument("--out", default="benchmarks/results/compare.json")
+    args = parser.parse_args()
+    compare(args.run_dir, seeds=args.seeds, staleness=args.staleness, methods=args.methods, steps=args.steps,
+            eval_every=args.eval_every, results_path=args.out)
+
+
+if __name__ == "__main__":
+    main()

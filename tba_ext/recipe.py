@@ -1,0 +1,62 @@
+"""The CPU recipe the quickstart and ``tba-ext compare`` share: task, model, warm start, RL settings, and how a
+staleness level s is set for each method. No verl import."""
+
+from __future__ import annotations
+
+# Measured choices are in README "Quickstart" and benchmarks/results/; see each key's comment.
+FULL = dict(
+    task="arith20",       # two-digit sums, 40 held-out operand pairs (arith has only 10: a coarse measure)
+    size="small", train=4000, test=200,
+    sft_steps=300, sft_lr=1e-3,  # warm start: ~0.2 held-out, ~0.45 on training pairs (groups with variance)
+    rl_steps=60, batch=16, rl_lr=1e-4,
+    recency_prob=0.95,    # m, the paper's GSM8K value
+    staleness=1,          # the quickstart's TB run: generation one batch ahead (colocate_async)
+)
+SHORT = dict(task="arith", size="tiny", train=256, test=32, sft_steps=150, sft_lr=3e-3, rl_steps=4, batch=8,
+             rl_lr=3e-4, recency_prob=0.95, staleness=1)
+
+REPLAY_SAMPLER = ["trainer.v1.sampler.max_off_policy_threshold=null",
+                  "trainer.v1.sampler.custom_sampler.path=pkg://tba_ext.adapters.sampler",
+                  "trainer.v1.sampler.custom_sampler.name=TBAReplaySampler"]
+METHODS = {
+    # name: (config, trainer-mode prefix, uses the replay store)
+    "TB": ("cpu_tba", "tba_", True),
+    "TBA'": ("cpu_tb_pg", "tba_", True),
+    "Dr. GRPO": ("cpu_drgrpo", "", False),
+}
+_KWARG = "trainer.v1.sampler.sampler_kwargs"
+
+
+def method_overrides(method: str, staleness: int, recency_prob: float) -> list[str]:
+    """Hydra overrides putting ``method`` at staleness s, which bounds every source of off-policy data:
+    s = 0 is on-policy (verl's sync trainer; TB and TBA' draw only fresh groups: m = 1, max_staleness = 0);
+    s > 0 is verl's colocate_async with generation s batches ahead, and TB and TBA' replay with m, never
+    anything staler than s."""
+    config, prefix, replay = METHODS[method]
+    out = [f"trainer.v1.trainer_mode={prefix}{'colocate_async' if staleness else 'sync'}"]
+    if staleness:
+        out.append(f"trainer.v1.colocate_async.num_warmup_batches={staleness}")
+    if replay:
+        ships_sampler = config == "cpu_tba"
+        add = "" if ships_sampler else "+"
+        out += ([] if ships_sampler else REPLAY_SAMPLER) + [
+            f"{add}{_KWARG}.recency_prob={recency_prob if staleness else 1.0}",
+            f"{add}{_KWARG}.max_staleness={staleness}",
+        ]
+    return out
+
+
+def training_overrides(run_dir: str, p: dict, seed: int, steps: int, eval_every: int | None = None) -> list[str]:
+    """The RL run on top of a prepared run folder: warm-started model, batch, lr, seed, verl's greedy
+    validation before training and every ``eval_every`` updates (default: at the end)."""
+    return [
+        f"run_dir={run_dir}",
+        f"actor_rollout_ref.model.path={run_dir}/model_sft",
+        f"trainer.total_training_steps={steps}",
+        f"data.train_batch_size={p['batch']}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={p['batch']}",
+        f"data.seed={seed}",
+        f"actor_rollout_ref.actor.optim.lr={p['rl_lr']}",
+        "trainer.val_before_train=True",
+        f"trainer.test_freq={eval_every or steps}",
+    ]
