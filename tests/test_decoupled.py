@@ -101,17 +101,35 @@ FROZEN = {
 }
 
 
+def trace_events(trace):
+    return [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []
+
+
+def generating_after_first_sync(trace) -> bool:
+    """The rollout server is generating a batch with the weights synced after step 1: frozen now, the trainer
+    waits in the replay sampler for that batch (not in a weight sync, where only the watchdog can help)."""
+    events = trace_events(trace)
+    synced = any(e["event"] == "weights" and (e.get("global_steps") or 0) >= 1 for e in events)
+    return synced and events[-1]["event"] == "generate_begin"
+
+
 @pytest.mark.parametrize("who", sorted(FROZEN))
 def test_a_frozen_rollout_worker_ends_the_run_with_a_clear_message(tiny_run, tmp_path, who):
     """A worker that hangs (here: the rollout server SIGSTOPped after step 1) leaves verl waiting forever; the
     run is stopped, says why, and leaves no process of the session behind."""
     (config, *overrides), message = FROZEN[who]
-    proc, metrics = start_train(config, tiny_run, tmp_path, "trainer.total_training_steps=20", *overrides)
+    trace = tmp_path / "trace.jsonl"
+    proc, metrics = start_train(config, tiny_run, tmp_path, "trainer.total_training_steps=20", *overrides,
+                                env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
     try:
         wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
         sid = verl_session(proc)
         servers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
         assert len(servers) == 1
+        if who == "replay_wait":
+            deadline = time.time() + 300
+            while not generating_after_first_sync(trace) and time.time() < deadline:
+                time.sleep(0.005)
         os.kill(servers[0], signal.SIGSTOP)
         out, _ = proc.communicate(timeout=600)  # without a limit this would never return
     finally:
