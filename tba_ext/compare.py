@@ -1,11 +1,8 @@
 """``tba-ext compare``: TB, TBA' and Dr. GRPO on identical model, warm start, data and seeds, over staleness.
 
-Staleness s bounds every source of off-policy data, for every method:
-- s = 0: on-policy. verl's sync trainer; TB and TBA' keep the replay sampler but draw only fresh groups
-  (``recency_prob=1``, ``max_staleness=0``).
-- s > 0: verl's colocate_async with generation s batches ahead of training; TB and TBA' also replay from
-  their store with the recipe's m, never anything staler than s (``max_staleness=s``). Dr. GRPO is verl's
-  built-in (``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False``, ``seq-mean-token-sum-norm``, no KL).
+Staleness s bounds every source of off-policy data for every method (``tba_ext.recipe.method_overrides``):
+s = 0 is on-policy; s > 0 lets generation run s batches ahead and TB / TBA' replay nothing staler than s.
+Dr. GRPO is verl's built-in (``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False``, no KL).
 The quickstart's recipe (model, warm start, lr, batch, beta, m) is the one used here. Each run reports held-out
 greedy accuracy (verl's own validation, before training and every ``eval_every`` updates) and the sampled
 accuracy of the exported model; the summary is mean, sd and a 95 % t-interval of the gain over seeds.
@@ -136,7 +133,8 @@ def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), metho
                     "wall_s": wall,
                 })
                 print(f"   held-out {before['accuracy']:.3f} -> {after['accuracy']:.3f} (sampled "
-                      f"{before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}) in {wall:.0f}s", flush=True)
+                      f"{before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}) in {wall:.0f}s",
+                      flush=True)
     summary = summarise(results)
     _band_plot(curves, f"{run_dir}/accuracy_vs_updates.png", "step")
     _band_plot(curves, f"{run_dir}/accuracy_vs_time.png", "time")

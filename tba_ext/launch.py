@@ -65,6 +65,27 @@ def preflight(cfg) -> None:
         raise ValueError("actor_rollout_ref.actor.strategy must be fsdp2 on CPU (FSDP1/Megatron need a GPU)")
 
 
+# Defaults for verl's process tree, each applied only where the user's environment does not set it.
+ENV_DEFAULTS = {
+    # Ray's GCS keeps every task's events (100k by default): measured +48 MB per 100 CPU steps in a long run;
+    # with 1000 the whole run grew 17 MB per 100 steps (benchmarks/long_run.py). Nothing here reads them.
+    "RAY_task_events_max_num_task_in_gcs": "1000",
+    "RAY_DEDUP_LOGS": "0",  # every worker's lines reach the log (the launcher reads errors from them)
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",  # the head node is started by this process for this run only
+    "TOKENIZERS_PARALLELISM": "false",
+}
+# ... and on a CPU host only: one thread per worker process (many share few cores), no model hub (the CPU
+# runs build their models offline)
+CPU_ENV_DEFAULTS = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def launch_env(environ, cpu_host: bool, extra: dict | None = None) -> dict:
+    """The environment verl runs in: the user's, plus defaults for what they left unset, plus ``extra``."""
+    defaults = dict(ENV_DEFAULTS, **(CPU_ENV_DEFAULTS if cpu_host else {}))
+    return dict(defaults, **environ, **(extra or {}))
+
+
 def run_verl(config_name: str, overrides: list[str], log_path: str | None = None, check: bool = True,
              metrics_path: str | None = None, extra_env: dict | None = None,
              stall_timeout: float | None = None, startup_timeout: float = 1800.0) -> int:
@@ -87,12 +108,9 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
         f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
         f"hydra.run.dir={ray_tmp}/hydra",  # not ./outputs/<date> in the caller's working directory
     ]
-    # Ray's GCS keeps every task's events (100k by default): measured +48 MB per 100 CPU steps in a long run;
-    # with 1000 the whole run grew 17 MB per 100 steps (benchmarks/long_run.py). Nothing here reads them.
-    env = dict({"RAY_task_events_max_num_task_in_gcs": "1000"}, **os.environ)
-    env = dict(env, OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled", **(extra_env or {}))
+    from tba_ext.cpu.runtime import cpu_runtime_active
+
+    env = launch_env(os.environ, cpu_host=cpu_runtime_active(), extra=extra_env)
     if metrics_path:
         env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
         cmd.append("trainer.logger=[console,file]")

