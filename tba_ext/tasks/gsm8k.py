@@ -73,7 +73,7 @@ def symbolic_rows(split: str, size: int, seed: int) -> list[dict]:
 
 def gsm8k_score(solution_str: str, ground_truth: str, rule: str = "math_verify") -> float:
     """1.0 if the response's answer equals the gold number."""
-    from tba_ext.tasks.rewards import last_number, numbers_equal
+    from tba_ext.tasks.numbers import last_number, numbers_equal
 
     if rule == "last_number":
         return 1.0 if numbers_equal(last_number(solution_str), ground_truth) else 0.0

@@ -8,31 +8,13 @@ Model-scored tasks read their models from reward_kwargs: TL;DR ``reward_model_pa
 
 from __future__ import annotations
 
-import math
-import re
-
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def last_number(text: str) -> str | None:
-    """The reference TBA code's rule: the last number in the response, commas removed."""
-    found = _NUMBER.findall(text.replace(",", ""))
-    return found[-1] if found else None
-
-
-def numbers_equal(pred: str | None, gold: str) -> bool:
-    if pred is None:
-        return False
-    try:
-        return math.isclose(float(pred), float(str(gold).replace(",", "")), rel_tol=0, abs_tol=1e-9)
-    except ValueError:
-        return False
+from tba_ext.tasks.numbers import NUMBER, last_number, numbers_equal  # noqa: F401 (last_number: public)
 
 
 def arith_score(solution_str: str, ground_truth: str) -> float:
     """1.0 when the response is exactly the number (after stripping), 0.0 otherwise."""
     pred = solution_str.replace("<|im_end|>", "").strip()
-    return 1.0 if _NUMBER.fullmatch(pred) and numbers_equal(pred, ground_truth) else 0.0
+    return 1.0 if NUMBER.fullmatch(pred) and numbers_equal(pred, ground_truth) else 0.0
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
