@@ -6,7 +6,8 @@
 
 verl deletes every trajectory it trains on (trainer_base.py:511). Each ``sample`` call therefore:
 1. waits, with verl's own machinery, until enough freshly generated groups are finished;
-2. moves every finished group out of TransferQueue into the ``TrajectoryStore`` in compact form (``rows``);
+2. moves the oldest B finished groups (verl's order) out of TransferQueue into the ``TrajectoryStore`` in
+   compact form (``rows``);
 3. draws B groups of K = ``rollout.n`` with ``ReplaySampler`` and writes them back under fresh
    ``{uid}_{session}_{idx}`` keys, one new uid per group, so verl recomputes old and reference log-probs for
    the current policy; ``rollout_log_probs`` stay the searcher's, for TBA's importance ratio.
@@ -129,7 +130,11 @@ class TBAReplaySampler(ReplayBufferAsync):
         while True:
             sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
             metrics.update(evictions)
-            for key, value in self._ingest(partition_id, set(sampleable)).items():
+            # oldest first, at most a batch per update (verl's order): groups generated ahead of training wait
+            # in TransferQueue, so generation ahead (colocate_async) makes the fresh data as stale for TB as it
+            # is for verl's own samplers, instead of the sampler skipping to the newest finished groups
+            oldest, _, _ = self._select_prompt_uids(partition_id, set(sampleable), batch_size)
+            for key, value in self._ingest(partition_id, set(oldest)).items():
                 ingest[key] += value
             k = self.group_size or self.largest_group
             report = self.sampler.sample_groups(batch_size, k, current_version)
