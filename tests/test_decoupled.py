@@ -105,12 +105,12 @@ def trace_events(trace):
     return [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []
 
 
-def generating_after_first_sync(trace) -> bool:
-    """The rollout server is generating a batch with the weights synced after step 1: frozen now, the trainer
-    waits in the replay sampler for that batch (not in a weight sync, where only the watchdog can help)."""
+def just_synced_after_step_1(trace) -> bool:
+    """The rollout server has just taken the weights of step 1 and not started the next batch (a window of
+    ~0.4 s): frozen now, no group generated with them ever finishes, and the trainer waits in the replay
+    sampler (not in a weight sync, where only the watchdog can help)."""
     events = trace_events(trace)
-    synced = any(e["event"] == "weights" and (e.get("global_steps") or 0) >= 1 for e in events)
-    return synced and events[-1]["event"] == "generate_begin"
+    return bool(events) and events[-1]["event"] == "weights" and (events[-1].get("global_steps") or 0) >= 1
 
 
 @pytest.mark.parametrize("who", sorted(FROZEN))
@@ -122,14 +122,16 @@ def test_a_frozen_rollout_worker_ends_the_run_with_a_clear_message(tiny_run, tmp
     proc, metrics = start_train(config, tiny_run, tmp_path, "trainer.total_training_steps=20", *overrides,
                                 env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
     try:
-        wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
+        if who == "replay_wait":  # the server's pid first: the window to freeze it in is short
+            wait_for(lambda: verl_session(proc) and trace.exists(), 600, "the rollout server", proc)
+        else:
+            wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
         sid = verl_session(proc)
         servers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
         assert len(servers) == 1
-        if who == "replay_wait":
-            deadline = time.time() + 300
-            while not generating_after_first_sync(trace) and time.time() < deadline:
-                time.sleep(0.005)
+        deadline = time.time() + 600
+        while who == "replay_wait" and not just_synced_after_step_1(trace) and time.time() < deadline:
+            time.sleep(0.002)
         os.kill(servers[0], signal.SIGSTOP)
         out, _ = proc.communicate(timeout=600)  # without a limit this would never return
     finally:

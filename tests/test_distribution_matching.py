@@ -8,7 +8,6 @@ Both runs use the loss and advantage functions registered in verl, exactly as ve
 import itertools
 
 import numpy as np
-import pytest
 import torch
 
 import verl  # noqa: F401

@@ -91,11 +91,12 @@ class TBAReplaySampler(ReplayBufferAsync):
         if not keys:
             if prompt_uids:
                 tq.kv_clear(partition_id=partition_id, keys=list(prompt_uids))
-            return {"ingested": 0, "rejected": 0}
+            return {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
         tags = [self.partitions[partition_id][k] for k in keys]
         rows = row_dicts(tq.kv_batch_get(keys=keys, partition_id=partition_id))
         tq.kv_clear(partition_id=partition_id, keys=[*prompt_uids, *keys])
         sizes = defaultdict(int)
+        prompts = set()
         before = self.store.stats.rejected_nonfinite
         for key, tag, row in zip(keys, tags, rows):
             sizes[key.split("_")[0]] += 1
@@ -104,11 +105,13 @@ class TBAReplaySampler(ReplayBufferAsync):
                 self.unknown_version += 1
                 continue
             prompt_fields, response, logprobs, reward, extras = split_row(row, tag)
+            prompts.add(prompt_identity(row))
             self.store.admit(Trajectory(prompt_identity(row), response, reward, version, logprobs, extras),
                              prompt_payload=prompt_fields)
         self.largest_group = max(self.largest_group, max(sizes.values()))
         self._check_nonfinite()
-        return {"ingested": len(keys), "rejected": self.store.stats.rejected_nonfinite - before}
+        return {"ingested": len(keys), "rejected": self.store.stats.rejected_nonfinite - before,
+                "ingested_prompts": len(prompts)}
 
     def _check_nonfinite(self) -> None:
         stats = self.store.stats
@@ -126,7 +129,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         current_version = global_steps - 1
         need = self.settings.min_fresh_groups or batch_size
         deadline = time.monotonic() + self.settings.wait_timeout_s
-        metrics, ingest = {}, {"ingested": 0, "rejected": 0}
+        metrics, ingest = {}, {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
         while True:
             sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
             metrics.update(evictions)
@@ -204,6 +207,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             "replay/evicted_replayed": stats.evicted_replayed,
             "replay/rejected_nonfinite": stats.rejected_nonfinite,
             "replay/ingested": ingest["ingested"],
+            "replay/ingested_prompts": ingest["ingested_prompts"],  # distinct prompts among them
             "replay/rejected_unknown_version": self.unknown_version,
         }
         if self.restored_trajectories is not None:
