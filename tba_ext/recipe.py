@@ -15,16 +15,17 @@ FULL = dict(
 SHORT = dict(task="arith", size="tiny", train=256, test=32, sft_steps=150, sft_lr=3e-3, rl_steps=4, batch=8,
              rl_lr=3e-4, recency_prob=0.95, staleness=1)
 
+from tba_ext.core.settings import REPLAY_SAMPLER_NAME, SAMPLER_KWARGS
+
 REPLAY_SAMPLER = ["trainer.v1.sampler.max_off_policy_threshold=null",
                   "trainer.v1.sampler.custom_sampler.path=pkg://tba_ext.adapters.sampler",
-                  "trainer.v1.sampler.custom_sampler.name=TBAReplaySampler"]
+                  f"trainer.v1.sampler.custom_sampler.name={REPLAY_SAMPLER_NAME}"]
 METHODS = {
     # name: (config, trainer-mode prefix, uses the replay store)
     "TB": ("cpu_tba", "tba_", True),
     "TBA'": ("cpu_tb_pg", "tba_", True),
     "Dr. GRPO": ("cpu_drgrpo", "", False),
 }
-_KWARG = "trainer.v1.sampler.sampler_kwargs"
 
 
 def method_overrides(method: str, staleness: int, recency_prob: float) -> list[str]:
@@ -40,8 +41,8 @@ def method_overrides(method: str, staleness: int, recency_prob: float) -> list[s
         ships_sampler = config == "cpu_tba"
         add = "" if ships_sampler else "+"
         out += ([] if ships_sampler else REPLAY_SAMPLER) + [
-            f"{add}{_KWARG}.recency_prob={recency_prob if staleness else 1.0}",
-            f"{add}{_KWARG}.max_staleness={staleness}",
+            f"{add}{SAMPLER_KWARGS}recency_prob={recency_prob if staleness else 1.0}",
+            f"{add}{SAMPLER_KWARGS}max_staleness={staleness}",
         ]
     return out
 

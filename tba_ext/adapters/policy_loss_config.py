@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from verl.workers.config.actor import PolicyLossConfig
 
+from tba_ext.core.settings import IS_RATIO_MAX
+
 TARGET = "tba_ext.adapters.policy_loss_config.TBPolicyLossConfig"
 
 
@@ -24,7 +26,7 @@ class TBPolicyLossConfig(PolicyLossConfig):
     """
 
     loss_scale: float = 1.0
-    is_ratio_max: float = 8.0
+    is_ratio_max: float = IS_RATIO_MAX
 
     def __post_init__(self):
         if not self.loss_scale > 0:

@@ -38,7 +38,7 @@ FORMAT_VERSION = 2
 FILE_FORMAT = "tba-ext-replay"
 # Python object overhead the store pays per trajectory on top of its bytes (object, hash, index entries),
 # measured by benchmarks/replay.py; used only for the byte capacity.
-OVERHEAD_BYTES_PER_TRAJECTORY = 300
+OVERHEAD_BYTES_PER_TRAJECTORY = 450  # benchmarks/replay.py: ~440 B beyond blob and prompt share
 
 
 class Trajectory:
@@ -154,7 +154,7 @@ class TrajectoryStore:
         self._reward_sum = 0.0
         self._version_prompts: dict[int, dict] = {}  # version -> {prompt_key: count}: the recency index
         self.new_prompt_listeners: list = []  # called with a prompt key when it enters the store
-        self.fresh_listeners: list = []  # called with (prompt_key, version) on every admission
+        self.fresh_listeners: list = []  # called with the prompt key on every admission
 
     # -- admit ---------------------------------------------------------------------------------------------
     def admit(self, traj: Trajectory, prompt_payload: Any = None) -> bool:
@@ -189,7 +189,7 @@ class TrajectoryStore:
         counts[traj.prompt_key] = counts.get(traj.prompt_key, 0) + 1
         self.stats.added += 1
         for listener in self.fresh_listeners:
-            listener(traj.prompt_key, traj.version)
+            listener(traj.prompt_key)
         while len(entry.items) > self.per_prompt_capacity:
             self.evict(entry.items[0])
         while self._size > self.capacity or (self.capacity_bytes is not None and self._bytes > self.capacity_bytes):
@@ -400,7 +400,7 @@ class ReplaySampler:
         store.new_prompt_listeners.append(self.replay.add)
         store.fresh_listeners.append(self._on_admit)
 
-    def _on_admit(self, prompt_key, version: int) -> None:
+    def _on_admit(self, prompt_key) -> None:
         self.recency.add(prompt_key)
         self.undrawn_fresh.add(prompt_key)
 
