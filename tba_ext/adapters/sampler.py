@@ -105,8 +105,9 @@ class TBAReplaySampler(ReplayBufferAsync):
                 self.unknown_version += 1
                 continue
             prompt_fields, response, logprobs, reward, extras = split_row(row, tag)
-            prompts.add(prompt_identity(row))
-            self.store.admit(Trajectory(prompt_identity(row), response, reward, version, logprobs, extras),
+            prompt_key = prompt_identity(row)
+            prompts.add(prompt_key)
+            self.store.admit(Trajectory(prompt_key, response, reward, version, logprobs, extras),
                              prompt_payload=prompt_fields)
         self.largest_group = max(self.largest_group, max(sizes.values()))
         self._check_nonfinite()
