@@ -3,13 +3,16 @@
 
     python benchmarks/compare_grid.py [--seeds 0 1 2] [--staleness 0 4 10] [--steps 60]
 
+Runs on separate seeds can go in parallel processes (each with its own --run-dir and --out), then
+``--merge a.json b.json ...`` writes the grid's JSON, plots and table from them.
+
 Writes benchmarks/results/compare.json (per method and staleness: gain_mean, gain_sd, gain_ci95, n_seeds, ...),
 and the run folder's report.md with held-out accuracy vs updates and vs wall-clock (mean, 95 % band; PNG).
 """
 
 import argparse
 
-from tba_ext.compare import compare
+from tba_ext.compare import compare, merge
 from tba_ext.recipe import METHODS
 
 
@@ -22,7 +25,11 @@ def main():
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--run-dir", default="benchmarks/results/compare_run")
     parser.add_argument("--out", default="benchmarks/results/compare.json")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge these compare results instead of running")
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.run_dir, args.out)
+        return
     compare(args.run_dir, seeds=args.seeds, staleness=args.staleness, methods=args.methods, steps=args.steps,
             eval_every=args.eval_every, results_path=args.out)
 

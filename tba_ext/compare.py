@@ -21,7 +21,7 @@ from tba_ext import report
 from tba_ext.evaluate import greedy_accuracy
 from tba_ext.launch import run_verl
 from tba_ext.quickstart import STALL_TIMEOUT_S, prepare
-from tba_ext.recipe import FULL, METHODS, SHORT, method_overrides, training_overrides
+from tba_ext.recipe import EVAL_SAMPLES, FULL, METHODS, SHORT, method_overrides, training_overrides
 
 def interval95(values: list[float]) -> tuple[float, float, float]:
     """Mean, sd and the half-width of a two-sided 95 % t-interval (0 for a single value)."""
@@ -47,8 +47,9 @@ def summarise(results: list[dict]) -> dict:
             gains = [r["accuracy_after"] - r["accuracy_before"] for r in rows]
             sampled = [r["sampled_after"] - r["sampled_before"] for r in rows]
             mean, sd, half = interval95(gains)
+            s_mean, s_sd, s_half = interval95(sampled)
             summary[method][s] = {"gain_mean": mean, "gain_sd": sd, "gain_ci95": half, "n_seeds": len(rows),
-                                  "sampled_gain_mean": float(np.mean(sampled)),
+                                  "sampled_gain_mean": s_mean, "sampled_gain_sd": s_sd, "sampled_gain_ci95": s_half,
                                   "accuracy_after_mean": float(np.mean([r["accuracy_after"] for r in rows])),
                                   "wall_s_mean": float(np.mean([r["wall_s"] for r in rows]))}
     return summary
@@ -96,7 +97,7 @@ def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), metho
     for seed in seeds:
         seed_dir = f"{run_dir}/seed{seed}"
         prepare(seed_dir, p, seed)  # identical model, data and warm start for every method
-        before = greedy_accuracy(f"{seed_dir}/model_sft", f"{seed_dir}/data/test.parquet", samples=8, seed=seed)
+        before = greedy_accuracy(f"{seed_dir}/model_sft", f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)
         for s in staleness:
             for method in methods:
                 done += 1
@@ -114,7 +115,7 @@ def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), metho
                          stall_timeout=STALL_TIMEOUT_S)
                 wall = time.time() - start
                 after = greedy_accuracy(f"{ckpt}/global_step_{steps}/actor/huggingface",
-                                        f"{seed_dir}/data/test.parquet", samples=8, seed=seed)
+                                        f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)
                 shutil.rmtree(ckpt, ignore_errors=True)
                 records = report.add_elapsed(report.read_metrics(metrics))
                 val_key = report.find_key(records, "val-core/", "mean@1")
@@ -135,23 +136,47 @@ def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), metho
                 print(f"   held-out {before['accuracy']:.3f} -> {after['accuracy']:.3f} (sampled "
                       f"{before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}) in {wall:.0f}s",
                       flush=True)
-    summary = summarise(results)
-    _band_plot(curves, f"{run_dir}/accuracy_vs_updates.png", "step")
-    _band_plot(curves, f"{run_dir}/accuracy_vs_time.png", "time")
     payload = {"recipe": {k: v for k, v in p.items()}, "steps": steps, "seeds": list(seeds),
-               "staleness": list(staleness), "methods": list(methods), "summary": summary, "runs": results}
+               "staleness": list(staleness), "methods": list(methods), "runs": results, "curves": curves}
+    return write_results(run_dir, payload, results_path)
+
+
+def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> dict:
+    """One grid from compare runs made in parallel (e.g. one process per seed on the same recipe and steps)."""
+    parts = [report.read_json(path) for path in paths]
+    for key in ("recipe", "steps"):
+        if any(part[key] != parts[0][key] for part in parts):
+            raise ValueError(f"cannot merge compare results with different {key}: {paths}")
+    curves: dict = {}
+    for part in parts:
+        for label, runs in part["curves"].items():
+            curves.setdefault(label, []).extend(runs)
+    payload = {**parts[0], "seeds": sorted({s for part in parts for s in part["seeds"]}),
+               "staleness": sorted({s for part in parts for s in part["staleness"]}),
+               "runs": [r for part in parts for r in part["runs"]], "curves": curves}
+    report.ensure_dir(run_dir)
+    return write_results(run_dir, payload, results_path)
+
+
+def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict:
+    """Summary, JSON, band plots (vs updates and vs wall-clock) and the markdown table of a compare grid."""
+    summary = payload["summary"] = summarise(payload["runs"])
+    _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_updates.png", "step")
+    _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_time.png", "time")
     report.write_json(payload, f"{run_dir}/compare.json")
     if results_path:
         report.write_json(payload, results_path)
     rows = [{"method": m, "staleness": s, "n": v["n_seeds"],
              "held-out gain (mean +- sd)": f"{v['gain_mean']:+.3f} +- {v['gain_sd']:.3f}",
              "95% interval": f"[{v['gain_mean'] - v['gain_ci95']:+.3f}, {v['gain_mean'] + v['gain_ci95']:+.3f}]",
-             "sampled gain": f"{v['sampled_gain_mean']:+.3f}", "wall s": f"{v['wall_s_mean']:.0f}"}
+             "sampled gain (mean +- sd)": f"{v['sampled_gain_mean']:+.3f} +- {v['sampled_gain_sd']:.3f}",
+             "wall s": f"{v['wall_s_mean']:.0f}"}
             for m, by_s in summary.items() for s, v in by_s.items()]
     table = report.md_table(rows, list(rows[0]))
     with open(f"{run_dir}/report.md", "w") as f:
         f.write("# TB vs TBA' vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds; staleness s bounds "
-                "all off-policy data (s = 0: on-policy). Gain = held-out greedy accuracy after - before.\n\n"
+                "all off-policy data (s = 0: on-policy). Gain = held-out accuracy after - before: greedy, and sampled "
+                f"(mean reward of {EVAL_SAMPLES} temperature-1 samples per prompt).\n\n"
                 + table + "\n\n![vs updates](accuracy_vs_updates.png)\n\n![vs time](accuracy_vs_time.png)\n")
     print(table)
     print(f"report: {run_dir}/report.md")

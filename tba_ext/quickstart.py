@@ -18,12 +18,11 @@ from tba_ext import report
 from tba_ext.evaluate import greedy_accuracy
 from tba_ext.launch import run_verl
 from tba_ext.models import ModelSpec, make_model
-from tba_ext.recipe import FULL, SHORT, method_overrides, training_overrides
+from tba_ext.recipe import EVAL_SAMPLES, FULL, SHORT, method_overrides, training_overrides
 from tba_ext.tasks.data import corpus_for, write_task
 from tba_ext.warmstart import warm_start
 
 STALL_TIMEOUT_S = 600  # a CPU step takes seconds: ten minutes without one means a hung worker
-EVAL_SAMPLES = 8  # temperature-1 samples per held-out prompt for the sampled accuracy
 
 
 def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = None) -> list[str]:

@@ -63,6 +63,11 @@ def add_elapsed(records: list[dict]) -> list[dict]:
     return records
 
 
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
 def write_json(obj, path: str) -> None:
     with open(path, "w") as f:
         json.dump(obj, f, indent=2)

@@ -55,3 +55,32 @@ def test_compare_short_runs_every_method_from_one_start_and_summarises(tmp_path)
     assert "Dr. GRPO" in (run / "report.md").read_text()
     assert (run / "accuracy_vs_updates.png").stat().st_size > 10_000
     assert (run / "accuracy_vs_time.png").stat().st_size > 10_000
+
+
+def _part(seed: int, gain: float) -> dict:
+    run = {"method": "TB", "staleness": 0, "seed": seed, "accuracy_before": 0.2, "accuracy_after": 0.2 + gain,
+           "sampled_before": 0.3, "sampled_after": 0.3 + gain / 2, "wall_s": 100.0}
+    curve = {"steps": [0, 10], "accuracy": [0.2, 0.2 + gain], "time": [0.0, 50.0]}
+    return {"recipe": {"task": "arith20"}, "steps": 10, "seeds": [seed], "staleness": [0], "methods": ["TB"],
+            "runs": [run], "curves": {"TB s=0": [curve]}}
+
+
+def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_path):
+    from tba_ext.compare import merge
+
+    paths = []
+    for seed, gain in [(0, 0.1), (1, 0.3)]:
+        paths.append(tmp_path / f"part{seed}.json")
+        paths[-1].write_text(json.dumps(_part(seed, gain)))
+    out = tmp_path / "grid.json"
+    merged = merge([str(p) for p in paths], str(tmp_path / "grid"), str(out))
+    tb = json.loads(out.read_text())["summary"]["TB"]["0"]
+    assert merged["seeds"] == [0, 1] and tb["n_seeds"] == 2
+    assert tb["gain_mean"] == pytest.approx(0.2) and tb["gain_sd"] == pytest.approx(0.2 / 2 ** 0.5)  # sd of 0.1, 0.3
+    assert tb["sampled_gain_mean"] == pytest.approx(0.1)
+    assert (tmp_path / "grid" / "accuracy_vs_updates.png").stat().st_size > 10_000
+    other = _part(2, 0.0)
+    other["steps"] = 20
+    paths[1].write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="different steps"):
+        merge([str(p) for p in paths], str(tmp_path / "grid2"))

@@ -88,3 +88,15 @@ def test_model_scored_tasks_need_their_models_before_launch(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"reward_kwargs.toxicity_model_path: no saved"):
         check_dataset(path, "data.train_files", reward_kwargs={"victim_model_path": str(tmp_path / "victim"),
                                                                "toxicity_model_path": str(tmp_path / "x")})
+
+
+def test_arith20_holds_out_a_fifth_of_pairs_and_the_test_split_asks_each_once():
+    from tba_ext.tasks.arith import held_out_pairs, make_problems
+
+    held_out = held_out_pairs(19)
+    assert len(held_out) == 80
+    test = make_problems(80, seed=3, split="test", max_operand=19)
+    asked = {tuple(int(x) for x in p["question"][:-2].split("+")) for p in test}
+    assert asked == held_out
+    train = make_problems(2000, seed=3, split="train", max_operand=19)
+    assert not {tuple(int(x) for x in p["question"][:-2].split("+")) for p in train} & held_out
