@@ -141,3 +141,26 @@ def test_a_frozen_rollout_worker_ends_the_run_with_a_clear_message(tiny_run, tmp
     assert message in out, out[-3000:]
     assert len(steps_logged(metrics)) < 20
     assert not session_pids(sid)
+
+
+def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(tiny_run, tmp_path):
+    """tba_separate_async with the reference in its own worker group (hybrid_engine=False), k = 2 updates per
+    step, rho = 4 updates: the reference takes the actor's weights after steps 2 and 4, so the KL between the
+    policy and the reference (computed at the start of the next step, before any update) is zero at steps 1, 3
+    and 5 and not at steps 2 and 4; beta follows the paper's formula at the step's first update."""
+    from tba_ext.core.tb import beta_at_step, first_update
+
+    proc, metrics = start_train("cpu_tba_decoupled", tiny_run, tmp_path, "trainer.total_training_steps=5",
+                                "tba.ref_reset_every=4", "tba.beta.final=0.01", "tba.beta.anneal_steps=8",
+                                "actor_rollout_ref.actor.optim.lr=1e-2")
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    data = [r["data"] for r in steps_logged(metrics)]
+    assert len(data) == 5
+    kl = [d["tb/kl"] for d in data]
+    assert all(abs(kl[i]) < 1e-5 for i in (0, 2, 4)), kl
+    assert all(abs(kl[i]) > 1e-3 for i in (1, 3)), kl
+    assert [d["tb/beta"] for d in data] == pytest.approx(
+        [beta_at_step(first_update(g, 2), 0.05, 0.01, 8) for g in range(1, 6)])
+    staleness = [d["replay/staleness_max"] for d in data]
+    assert all(s % 2 == 0 for s in staleness) and max(staleness) >= 2  # in updates: whole versions of k = 2

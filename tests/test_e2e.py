@@ -47,12 +47,13 @@ def test_dr_grpo_trains_and_the_rollout_serves_the_new_weights(tiny_run, tmp_pat
 def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_path, kill_at):
     """TB + replay in colocate_async; the driver is killed with SIGKILL right after a checkpoint, or later
     while the rollout is generating a batch; the resumed run continues the step count without double counting,
-    restores the saved replay store and carries on the beta schedule."""
+    restores the saved replay store and carries on the beta schedule. Two mini-batches per step: every count is
+    in optimizer updates, two per global step."""
     import signal
     import time
 
     from tba_ext.core.replay import load_checked
-    from tba_ext.core.tb import beta_at_step
+    from tba_ext.core.tb import beta_at_step, first_update
     from tba_ext.launch import children, cmdline, session_pids
 
     def steps_logged(path):
@@ -65,6 +66,7 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_
     beta_init, beta_final, anneal = 0.05, 0.01, 6
     common = [f"run_dir={tiny_run}", f"trainer.default_local_dir={ckpt}", "trainer.save_freq=2",
               "trainer.total_training_steps=6", f"algorithm.kl_ctrl.kl_coef={beta_init}",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=4",
               f"tba.beta.final={beta_final}", f"tba.beta.anneal_steps={anneal}"]
     first = tmp_path / "first.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "tba_ext.cli", "train", "--config", "cpu_tba", "--log",
@@ -109,8 +111,10 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_
     assert series(resumed, "replay/restored_trajectories") == [n_saved]
     assert saved.read_bytes() == saved_bytes  # resuming never rewrites the old checkpoint
     both = records + resumed
-    for r in both:  # the beta schedule follows the global step across the crash
-        assert r["data"]["tb/beta"] == pytest.approx(beta_at_step(r["step"], beta_init, beta_final, anneal))
+    for r in both:  # the beta schedule follows the optimizer update (2 per step) across the crash
+        u = first_update(r["step"], 2)
+        assert r["data"]["tb/beta"] == pytest.approx(beta_at_step(u, beta_init, beta_final, anneal))
+    assert all(x % 2 == 0 for x in series(both, "replay/staleness_max"))  # whole versions of 2 updates
     for key in ("tb/log_z", "tb/kl", "tb/zero_reward_variance_frac", "tb/mean_abs_advantage",
                 "actor/tb/residual_var"):
         assert all(math.isfinite(x) for x in series(both, key)), key
@@ -193,10 +197,13 @@ def test_a_bad_reward_function_stops_the_run_naming_it_and_keeps_checkpoints(tin
 def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of_s(tiny_run, tmp_path):
     """tba_sync with m = 1: each step's 8 freshly generated groups are exactly the 8 groups trained on, none
     repeated; searchers generate S = 6 per prompt and the trainer draws K = rollout.n = 4 of them."""
+    from tba_ext.core.tb import beta_at_step
+
     metrics = tmp_path / "metrics.jsonl"
     run_verl("cpu_tba", [f"run_dir={tiny_run}", "trainer.total_training_steps=3", "trainer.v1.trainer_mode=tba_sync",
                          "trainer.v1.sampler.sampler_kwargs.recency_prob=1.0",
-                         "+trainer.v1.sampler.sampler_kwargs.samples_per_prompt=6"],
+                         "+trainer.v1.sampler.sampler_kwargs.samples_per_prompt=6",
+                         "tba.beta.final=0.01", "tba.beta.anneal_steps=3"],
              log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics))
     records = read_metrics(metrics)
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -210,6 +217,8 @@ def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of
         assert d["replay/distinct_prompt_frac"] * 8 == pytest.approx(fresh)
         assert d["replay/repeated_prompts"] == 8 - fresh
     assert series(records, "replay/staleness_max") == [0.0] * 3
+    # one optimizer update per step: beta at step u is the paper's formula at update u
+    assert series(records, "tb/beta") == pytest.approx([beta_at_step(u, 0.05, 0.01, 3) for u in (1, 2, 3)])
     # verl trained on B x K = 32 trajectories, no padding rows (its batch arithmetic still sees n = K = 4)
     for r in records:
         d = r["data"]

@@ -11,7 +11,7 @@ import verl  # noqa: F401
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
-from tba_ext.core.settings import check_replay_run, check_tb_run, parse_settings
+from tba_ext.core.settings import check_reference_updates, check_replay_run, check_tb_run, parse_settings
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
 GPU_CONFIGS = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml") and not f.startswith("_"))
@@ -23,7 +23,7 @@ def test_gpu_config_composes_and_validates(name):
         cfg = compose(config_name=name)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     plain = OmegaConf.to_container(cfg, resolve=True)
-    parse_settings(plain.get("tba"))
+    check_reference_updates(plain, parse_settings(plain.get("tba")))
     check_tb_run(plain)
     check_replay_run(plain)
     assert plain["actor_rollout_ref"]["rollout"]["name"] == "vllm"
@@ -60,3 +60,17 @@ def test_tldr_scores_with_verls_reward_model_and_redteam_with_its_scorers():
     redteam = load("tba_gpt2_redteam")["reward"]["custom_reward_function"]
     assert redteam["path"] == "pkg://tba_ext.tasks.rewards"
     assert {"victim_model_path", "toxicity_model_path"} <= set(redteam["reward_kwargs"])
+
+
+# optimizer updates of the paper's runs (tba-reference-spec.md section 4), each config's global steps x k
+PAPER_UPDATES = {"tba_rhomath-1b_gsm8k": 1000, "tba_pythia-1b_tldr": 260, "tba_gpt2_redteam": 5000,
+                 "tba_qwen2.5-7b_math_megatron": 400}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_UPDATES))
+def test_gpu_configs_run_the_papers_number_of_updates(name):
+    from tba_ext.core.settings import updates_per_step
+
+    with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
+        plain = OmegaConf.to_container(compose(config_name=name), resolve=True)
+    assert plain["trainer"]["total_training_steps"] * updates_per_step(plain) == PAPER_UPDATES[name]

@@ -4,7 +4,8 @@ import copy
 
 import pytest
 
-from tba_ext.core.settings import check_replay_run, check_tb_run, parse_settings
+from tba_ext.core.settings import (check_reference_updates, check_replay_run, check_tb_run, parse_settings,
+                                   updates_per_step)
 from tba_ext.launch import compose
 
 
@@ -122,3 +123,35 @@ def test_bad_oversampling_is_refused(tba_config, changes, message):
 def test_oversampling_settings_pass(tba_config):
     cfg = with_change(tba_config, "trainer.v1.sampler.sampler_kwargs.samples_per_prompt", 6)
     assert check_replay_run(cfg).samples_per_prompt == 6
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"actor_rollout_ref.actor.strategy": "megatron"}, r"actor_rollout_ref\.actor\.strategy=fsdp2"),
+        ({"actor_rollout_ref.ref.strategy": "fsdp"}, r"actor_rollout_ref\.ref\.strategy=fsdp2"),
+        ({"actor_rollout_ref.model.lora_rank": 8}, "LoRA"),
+        ({"algorithm.use_kl_in_reward": False}, "no reference policy"),
+    ],
+)
+def test_a_reference_update_that_cannot_run_is_refused_at_start_up(tb_config, changes, message):
+    cfg = tb_config
+    for key, value in changes.items():
+        cfg = with_change(cfg, key, value)
+    with pytest.raises(ValueError, match=message):
+        check_reference_updates(cfg, parse_settings({"ref_reset_every": 50}))
+    check_reference_updates(cfg, parse_settings({}))  # no reference update asked: nothing to refuse
+
+
+def test_reference_ema_settings(tb_config):
+    check_reference_updates(tb_config, parse_settings({"ref_reset_every": 1, "ref_ema": 0.9}))
+    with pytest.raises(ValueError, match=r"tba\.ref_ema must be in \[0, 1\)"):
+        parse_settings({"ref_reset_every": 1, "ref_ema": 1.0})
+    with pytest.raises(ValueError, match="tba.ref_reset_every=0 never updates"):
+        check_reference_updates(tb_config, parse_settings({"ref_ema": 0.9}))
+
+
+def test_updates_per_step_counts_mini_batches_and_epochs(tb_config):
+    cfg = with_change(with_change(tb_config, "data.train_batch_size", 16), "actor_rollout_ref.actor.ppo_mini_batch_size", 8)
+    assert updates_per_step(cfg) == 2
+    assert updates_per_step(with_change(cfg, "actor_rollout_ref.actor.ppo_epochs", 3)) == 6

@@ -201,6 +201,41 @@ def test_beta_schedule_matches_reference_code():
     assert tb.beta_at_step(42, b0, None, 0) == pytest.approx(b0)
 
 
+def test_update_counting_of_steps_and_reference_resets():
+    # k = 2 updates per global step: step 1 opens with update 1, step 3 with update 5
+    assert [tb.first_update(g, 2) for g in (1, 2, 3)] == [1, 3, 5]
+    assert [tb.first_update(g, 1) for g in (1, 2, 3)] == [1, 2, 3]
+    # rho = 4 updates, steps of 2 updates: a reset after steps 2, 4, 6 (updates 4, 8, 12), none after odd steps
+    assert [tb.multiples_passed((g - 1) * 2, g * 2, 4) for g in range(1, 7)] == [0, 1, 0, 1, 0, 1]
+    # rho = 1 with steps of 3 updates: three EMA updates are due after each step
+    assert tb.multiples_passed(3, 6, 1) == 3
+    assert tb.multiples_passed(0, 10, 0) == 0
+
+
+def test_reference_update_copies_or_averages_the_policy_shard_by_shard():
+    from types import SimpleNamespace
+
+    from tba_ext.adapters.trainer import _actor_shards, _update_reference
+
+    def worker(module):
+        return SimpleNamespace(engine=SimpleNamespace(module=module))
+
+    torch.manual_seed(0)
+    actor, ref = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    ref_before = {k: v.clone() for k, v in ref.state_dict().items()}
+    hybrid = SimpleNamespace(actor=worker(actor), ref=worker(ref))
+    # EMA with keep 0.9: ref <- 0.9 ref + 0.1 policy, in place in the reference's own tensors
+    assert _update_reference(hybrid, None, 0.9) == 2
+    for name, value in ref.state_dict().items():
+        assert torch.allclose(value, 0.9 * ref_before[name] + 0.1 * actor.state_dict()[name])
+    # a separate reference worker group: the actor's shards travel as CPU tensors, keep 0 copies them
+    separate = SimpleNamespace(ref=worker(ref))
+    _update_reference(separate, _actor_shards(SimpleNamespace(actor=worker(actor))), 0.0)
+    assert all(torch.equal(ref.state_dict()[k], v) for k, v in actor.state_dict().items())
+    with pytest.raises(RuntimeError, match="sharded like the actor"):
+        _update_reference(separate, {"weight": torch.zeros(2, 4), "bias": torch.zeros(3)}, 0.0)
+
+
 def test_loss_scale_and_gradient_clipping():
     """TB gradients are O(r / beta): at beta = 0.004 the norm is far above verl's grad_clip = 1.0, so the clip
     always binds and the clipped gradient is the same unit vector whatever loss_scale is; loss_scale only

@@ -11,6 +11,8 @@ verl deletes every trajectory it trains on (trainer_base.py:511). Each ``sample`
 3. draws B groups of K = ``rollout.n`` with ``ReplaySampler`` and writes them back under fresh
    ``{uid}_{session}_{idx}`` keys, one new uid per group, so verl recomputes old and reference log-probs for
    the current policy; ``rollout_log_probs`` stay the searcher's, for TBA's importance ratio.
+Versions and staleness are counted in optimizer updates: a trajectory generated with the weights of global
+step g carries version g x ``updates_per_version`` (set by the tba_* trainer modes: k in separate_async).
 If the store cannot serve a batch yet (empty, or everything staler than ``max_staleness``) it waits for
 generation, and stops the run after ``wait_timeout_s``. Validation batches bypass the store.
 """
@@ -84,6 +86,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.largest_group = 0
         self.restored_trajectories: int | None = None  # reported once, at the first step after a resume
         self.unknown_version = 0
+        self.updates_per_version = 1  # optimizer updates per verl global step (weight version)
 
     # -- ingestion -------------------------------------------------------------------------------------
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
@@ -104,6 +107,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             if version is None:  # a searcher that served it had no weight version: staleness unknowable
                 self.unknown_version += 1
                 continue
+            version *= self.updates_per_version
             prompt_fields, response, logprobs, reward, extras = split_row(row, tag)
             prompt_key = prompt_identity(row)
             prompts.add(prompt_key)
@@ -127,7 +131,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         if partition_id != "train":
             return super().sample(global_steps, partition_id, batch_size)
         # the policy being trained at step s carries weight version s - 1 (weights sync at step end)
-        current_version = global_steps - 1
+        current_version = (global_steps - 1) * self.updates_per_version
         need = self.settings.min_fresh_groups or batch_size
         deadline = time.monotonic() + self.settings.wait_timeout_s
         metrics, ingest = {}, {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
@@ -218,10 +222,16 @@ class TBAReplaySampler(ReplayBufferAsync):
 
     # -- persistence (called by the tba_* trainer modes next to verl's checkpoint) ----------------------
     def save_store(self, path: str) -> None:
-        save_atomic({"sampler": self.sampler.state_dict(), "largest_group": self.largest_group}, path)
+        save_atomic({"sampler": self.sampler.state_dict(), "largest_group": self.largest_group,
+                     "updates_per_version": self.updates_per_version}, path)
 
     def load_store(self, path: str) -> None:
         state = load_checked(path)
+        saved = state.get("updates_per_version", 1)
+        if saved != self.updates_per_version:
+            raise ValueError(f"{path} counts {saved} optimizer updates per global step, this run "
+                             f"{self.updates_per_version}: resume with the same data.train_batch_size, "
+                             "ppo_mini_batch_size and ppo_epochs, or start without this checkpoint")
         self.sampler.load_state_dict(state["sampler"])
         self.largest_group = state["largest_group"]
         self.restored_trajectories = len(self.store)

@@ -5,9 +5,11 @@ Each runs verl's own ``sync`` / ``colocate_async`` / ``separate_async`` trainer 
 - start-up checks of the TB settings (``tba_ext.core.settings``), failing before any worker starts;
 - the beta schedule, written into verl's KL coefficient, which the tb estimators also read as beta;
 - TB metrics in verl's stream (tb/beta, tb/log_z, tb/kl, tb/zero_reward_variance_frac, ...);
-- the reference-policy reset every ``tba.ref_reset_every`` steps (TBA'; FSDP engines, not yet exercised by a test);
+- the reference-policy update every ``tba.ref_reset_every`` updates (TBA' reset, or an EMA with ``tba.ref_ema``),
+  with the reference beside the actor or in its own worker group (FSDP engines);
 - asynchrony metrics (trainer/searcher idle ratios, weight-sync time, throughput);
 - saving/restoring the replay store with verl's checkpoints.
+Schedules and staleness count optimizer updates: a global step is ``updates_per_step`` of them.
 """
 
 from __future__ import annotations
@@ -30,18 +32,43 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from tba_ext.adapters import losses
 from tba_ext.core import tb
-from tba_ext.core.settings import check_replay_run, check_tb_run, parse_settings
+from tba_ext.core.settings import (check_reference_updates, check_replay_run, check_tb_run, parse_settings,
+                                   updates_per_step)
 
 logger = logging.getLogger(__name__)
 
 REPLAY_FILE = "tba_replay.pt"
 
 
-def _copy_actor_into_reference(worker) -> bool:
-    """Runs inside each ActorRolloutRefWorker: the reference engine takes the actor's current weights."""
+def _local_tensors(module) -> dict:
+    """This rank's part of every parameter and buffer (an FSDP2 DTensor's local shard), sharing storage."""
+    return {name: (t.to_local() if hasattr(t, "to_local") else t).data
+            for name, t in module.state_dict(keep_vars=True).items()}
+
+
+def _actor_shards(worker) -> dict:
+    """Runs inside an actor worker: its shard of the policy's weights, on CPU, for the reference's rank."""
+    return {name: t.detach().cpu() for name, t in _local_tensors(worker.actor.engine.module).items()}
+
+
+def _update_reference(worker, source: dict | None, keep: float) -> int:
+    """Runs inside a worker holding the reference: ref <- keep * ref + (1 - keep) * policy, shard by shard
+    (keep = 0 copies). ``source``: the policy's shards of the same rank, or None for the colocated actor's."""
+    target = _local_tensors(worker.ref.engine.module)
+    source = source if source is not None else _local_tensors(worker.actor.engine.module)
+    if set(target) != set(source):
+        raise RuntimeError(f"reference and policy weights differ in names: {sorted(set(target) ^ set(source))[:5]}")
     with torch.no_grad():
-        worker.ref.engine.module.load_state_dict(worker.actor.engine.module.state_dict())
-    return True
+        for name, dst in target.items():
+            src = source[name].to(device=dst.device, dtype=dst.dtype)
+            if src.shape != dst.shape:
+                raise RuntimeError(f"reference shard {name} is {tuple(dst.shape)}, the policy's {tuple(src.shape)}: "
+                                   "the reference must be sharded like the actor")
+            if keep and dst.is_floating_point():
+                dst.mul_(keep).add_(src, alpha=1.0 - keep)
+            else:
+                dst.copy_(src)
+    return len(target)
 
 
 def _as_list(values) -> list:
@@ -57,6 +84,8 @@ class TBATrainerMixin:
         self.tba = parse_settings(plain.get("tba"))
         check_tb_run(plain)
         self.replay_settings = check_replay_run(plain)
+        check_reference_updates(plain, self.tba)
+        self.updates_per_step = updates_per_step(plain)
         # verl branches on trainer_mode == "sync" etc.; run as the base mode we extend
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.base_mode
@@ -64,6 +93,7 @@ class TBATrainerMixin:
         super().__init__(config)
         if self.replay_settings is not None:  # the trainer draws K = rollout.n of each prompt's samples
             self.replay_buffer.group_size = int(config.actor_rollout_ref.rollout.n)
+            self.replay_buffer.updates_per_version = self.updates_per_step  # staleness counted in updates
 
     def _fetch_one_gen_batch(self):
         """Prompts for the searchers; with the replay sampler's samples_per_prompt S > rollout.n, each asks for
@@ -77,7 +107,8 @@ class TBATrainerMixin:
     # -- beta schedule: one number drives verl's KL coefficient and the estimator's 1/beta ---------------
     def current_beta(self) -> float:
         b = self.tba.beta
-        return tb.beta_at_step(max(self.global_steps, 1), self._beta_init, b.final, b.anneal_steps)
+        update = tb.first_update(self.global_steps, self.updates_per_step)
+        return tb.beta_at_step(update, self._beta_init, b.final, b.anneal_steps)
 
     def on_step_begin(self):
         beta = self.current_beta()
@@ -101,10 +132,27 @@ class TBATrainerMixin:
 
     def on_step_end(self):
         super().on_step_end()
-        rho = self.tba.ref_reset_every
-        if rho and self.use_reference_policy and self.global_steps % rho == 0:
-            ray.get([w.__ray_call__.remote(_copy_actor_into_reference) for w in self.actor_rollout_wg.workers])
-            logger.info("tba: reference policy reset to the actor at step %d", self.global_steps)
+        self._update_reference()
+
+    def _update_reference(self) -> None:
+        """After the updates of this step: every ``ref_reset_every`` updates, ref <- a ref + (1 - a) policy
+        (a = ref_ema; several due at once, as when k updates make one step, apply a^n)."""
+        u = self.updates_per_step
+        due = tb.multiples_passed((self.global_steps - 1) * u, self.global_steps * u, self.tba.ref_reset_every)
+        if not due or not self.use_reference_policy:
+            return
+        keep = self.tba.ref_ema ** due
+        actors = self.actor_rollout_wg.workers
+        if self.ref_policy_wg is self.actor_rollout_wg:  # hybrid: the reference lives in the actor's workers
+            ray.get([w.__ray_call__.remote(_update_reference, None, keep) for w in actors])
+        else:  # its own worker group, rank r from actor rank r, worker to worker through Ray's object store
+            refs = self.ref_policy_wg.workers
+            if len(refs) != len(actors):
+                raise RuntimeError(f"{len(refs)} reference workers for {len(actors)} actor workers")
+            shards = [w.__ray_call__.remote(_actor_shards) for w in actors]
+            ray.get([w.__ray_call__.remote(_update_reference, s, keep) for w, s in zip(refs, shards)])
+        logger.info("tba: reference updated from the policy after update %d (keep %.3g)",
+                    self.global_steps * u, keep)
 
     # -- asynchrony metrics: who waited, how long syncs took, how fast data flowed ---------------------------
     def _searcher_stats(self) -> list[dict]:

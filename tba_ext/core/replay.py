@@ -2,8 +2,9 @@
 
 The store keeps finished trajectories grouped per prompt: the prompt's shared data once, and per trajectory
 only its response tokens (int32), the searcher's per-token log-probs (float32), its reward, the weight version
-that generated it (``version``: the oldest policy version that contributed tokens) and a few small fields the
-adapter packs as bytes. Staleness of a trajectory at trainer version v is ``v - version``.
+that generated it (``version``: the oldest policy version that contributed tokens, in the caller's unit; the
+verl adapter counts optimizer updates) and a few small fields the adapter packs as bytes. Staleness of a
+trajectory at trainer version v is ``v - version``.
 
 Sampling (``ReplaySampler.sample_groups``) follows the reference code (``buffer_utils.get_batch``). For each of
 the B group slots, a coin with probability ``recency_prob`` (m) picks the branch:

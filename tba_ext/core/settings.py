@@ -1,6 +1,8 @@
 """Typed TBA settings (the ``tba:`` config node) and the start-up checks of a TB run. No verl import.
 
-Every refusal names the config key to change.
+Every refusal names the config key to change. Every schedule and staleness setting counts optimizer updates
+(the paper's unit): one verl global step is ``updates_per_step`` of them (k = parameter_sync_step in
+separate_async; train_batch_size / ppo_mini_batch_size x ppo_epochs in general).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from typing import Any, Mapping, Optional
 
 @dataclass
 class BetaSchedule:
-    """beta (= verl's ``algorithm.kl_ctrl.kl_coef`` at step 1) annealed linearly to ``final``.
+    """beta (= verl's ``algorithm.kl_ctrl.kl_coef`` at update 1) annealed linearly to ``final`` over
+    ``anneal_steps`` optimizer updates.
 
-    ``final=None`` keeps beta constant. The paper's GSM8K run: kl_coef 0.014 -> final 0.004 over 500 steps.
+    ``final=None`` keeps beta constant. The paper's GSM8K run: kl_coef 0.014 -> final 0.004 over 500 updates.
+    verl applies one beta per global step: the value at the step's first update.
     """
 
     final: Optional[float] = None
@@ -32,9 +36,11 @@ class ReplaySettings:
     per_prompt_capacity: int = 100
     capacity: int = 100_000  # global cap in trajectories
     capacity_bytes: Optional[int] = None  # global cap in bytes (tokens + log-probs + ~400 B per trajectory)
-    max_staleness: Optional[int] = None  # weight versions; staler trajectories leave the store; None = no cap
+    max_staleness: Optional[int] = None  # optimizer updates; staler trajectories leave the store; None = no cap
     max_replays: Optional[int] = None  # times one trajectory may be drawn; reached, it leaves; None = no cap
-    recency_window: int = 1  # versions counted as "freshest" (k in the decoupled mode)
+    # optimizer updates counted as "freshest": 1 (up to k = parameter_sync_step) is the newest weight version,
+    # the data of the last sync, as in the reference; 2k the last two versions
+    recency_window: int = 1
     max_nonfinite_frac: float = 0.05  # stop the run when more rewards than this are NaN/inf
     min_fresh_groups: int = 0  # finished fresh groups to wait for before each sample; 0 = the batch size
     wait_timeout_s: float = 600.0  # an empty or fully stale store waits this long for data, then stops the run
@@ -52,7 +58,10 @@ REMOVED_REPLAY_KEYS = {
 @dataclass
 class TBASettings:
     beta: BetaSchedule = field(default_factory=BetaSchedule)
-    ref_reset_every: int = 0  # rho: copy the policy into the reference every rho steps (TBA'); 0 = never
+    ref_reset_every: int = 0  # rho: update the reference from the policy every rho optimizer updates; 0 = never
+    # the update: ref <- ref_ema * ref + (1 - ref_ema) * policy; 0 copies the policy (the TBA' reset), 0.9 with
+    # ref_reset_every=1 is the EMA reference of the later TBA' runs
+    ref_ema: float = 0.0
 
 
 def _build(cls, node: Mapping[str, Any] | None, prefix: str):
@@ -98,6 +107,7 @@ def parse_settings(node: Mapping[str, Any] | None) -> TBASettings:
     settings = _build(TBASettings, node, "tba.")
     checks = [
         (settings.ref_reset_every >= 0, "tba.ref_reset_every must be >= 0", settings.ref_reset_every),
+        (0.0 <= settings.ref_ema < 1.0, "tba.ref_ema must be in [0, 1)", settings.ref_ema),
         (settings.beta.anneal_steps >= 0, "tba.beta.anneal_steps must be >= 0", settings.beta.anneal_steps),
         (settings.beta.final is None or settings.beta.final > 0, "tba.beta.final must be > 0 or null",
          settings.beta.final),
@@ -148,6 +158,40 @@ def check_tb_run(cfg: Mapping[str, Any]) -> None:
         check_tb_pg_importance_weights(correction, actor.get("policy_loss", {}), rollout)
     if actor.get("use_kl_loss", False):
         raise ValueError("TB carries its KL term in the reward: set actor_rollout_ref.actor.use_kl_loss=False")
+
+
+def updates_per_step(cfg: Mapping[str, Any]) -> int:
+    """Optimizer updates in one verl global step: one per mini-batch and PPO epoch (in separate_async the
+    mini-batch count is k = parameter_sync_step, verl's own contract)."""
+    actor = cfg["actor_rollout_ref"]["actor"]
+    batch, mini = int(cfg["data"]["train_batch_size"]), int(actor["ppo_mini_batch_size"])
+    return int(actor.get("ppo_epochs", 1)) * max(batch // mini, 1)
+
+
+def check_reference_updates(cfg: Mapping[str, Any], settings: TBASettings) -> None:
+    """Refuse, at start-up, a reference update (``tba.ref_reset_every``) that could not run: the copy works on
+    FSDP2 engines (DTensor shards updated in place), with the reference beside the actor (hybrid) or in its
+    own worker group."""
+    if not settings.ref_reset_every:
+        if settings.ref_ema:
+            raise ValueError("tba.ref_ema is set but tba.ref_reset_every=0 never updates the reference; set "
+                             "tba.ref_reset_every (1 = after every update)")
+        return
+    aro = cfg["actor_rollout_ref"]
+    for role in ("actor", "ref"):
+        strategy = (aro.get(role) or {}).get("strategy", "fsdp")
+        if strategy != "fsdp2":
+            raise ValueError(f"tba.ref_reset_every needs FSDP2 engines (actor_rollout_ref.{role}.strategy=fsdp2); "
+                             f"with strategy={strategy} the reference cannot be updated: set tba.ref_reset_every=0")
+    model = aro.get("model", {})
+    lora_rank = (model.get("lora") or {}).get("rank", 0) or model.get("lora_rank", 0)
+    if lora_rank or model.get("lora_adapter_path"):
+        raise ValueError("tba.ref_reset_every cannot update a LoRA run's reference (it is the base model under the "
+                         "adapter): set tba.ref_reset_every=0 or train without LoRA")
+    algo = cfg["algorithm"]
+    if not (algo.get("use_kl_in_reward") or aro["actor"].get("use_kl_loss")):
+        raise ValueError("tba.ref_reset_every is set but the run has no reference policy (neither "
+                         "algorithm.use_kl_in_reward nor actor_rollout_ref.actor.use_kl_loss)")
 
 
 # TBA' clamps pi_theta / pi_rollout at this value unless actor_rollout_ref.actor.policy_loss.is_ratio_max says

@@ -102,8 +102,8 @@ def tb_pg_loss_matrix(
 def beta_at_step(step: int, beta_init: float, beta_final: float | None, anneal_steps: int) -> float:
     """Linear beta anneal of the paper's GSM8K runs (reference code, tba_trainer_gsm8k.py:657-662).
 
-    beta_u = beta_final * (u - 1) / N + beta_init * (1 - (u - 1) / N) for u < N, else beta_final; steps
-    count from 1. ``beta_final=None`` or ``anneal_steps=0`` means a constant beta_init.
+    beta_u = beta_final * (u - 1) / N + beta_init * (1 - (u - 1) / N) for u < N, else beta_final; u is the
+    optimizer update, counted from 1. ``beta_final=None`` or ``anneal_steps=0`` means a constant beta_init.
     """
     if beta_final is None or anneal_steps <= 0:
         return float(beta_init)
@@ -111,6 +111,17 @@ def beta_at_step(step: int, beta_init: float, beta_final: float | None, anneal_s
         return float(beta_final)
     frac = max(step - 1, 0) / anneal_steps
     return float(beta_final * frac + beta_init * (1.0 - frac))
+
+
+def first_update(global_step: int, updates_per_step: int) -> int:
+    """The optimizer update (from 1) that opens verl global step ``global_step`` (from 1)."""
+    return (max(global_step, 1) - 1) * updates_per_step + 1
+
+
+def multiples_passed(before: int, after: int, every: int) -> int:
+    """How many multiples of ``every`` lie in (before, after]: the resets due when the update count moves
+    from ``before`` to ``after``."""
+    return after // every - before // every if every > 0 else 0
 
 
 def zero_variance_fraction(reward: np.ndarray, uids) -> float:
