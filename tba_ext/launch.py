@@ -35,16 +35,14 @@ def list_configs() -> list[str]:
 
 def preflight(cfg) -> None:
     """Every check that can fail before Ray starts, each naming the key or path at fault."""
-    from tba_ext.core.settings import check_reference_updates, check_replay_run, check_tb_run, parse_settings
+    from tba_ext.core.settings import check_tba_run
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
     from tba_ext.models import check_model_dir
     from tba_ext.tasks.data import check_dataset
 
     plain = OmegaConf.to_container(cfg, resolve=True)
-    check_reference_updates(plain, parse_settings(plain.get("tba")))
-    check_tb_run(plain)
-    check_replay_run(plain)
+    check_tba_run(plain)
     check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
     reward_kwargs = (plain["reward"].get("custom_reward_function") or {}).get("reward_kwargs") or {}
     for key in ("train_files", "val_files"):

@@ -75,9 +75,11 @@ def test_every_fresh_group_is_drawn_before_any_repeats():
         assert sampler.undrawn_fresh == fresh
         report = sampler.sample_groups(8, 4, version)
         assert sorted(g.prompt_key for g in report.groups) == sorted(fresh) and report.repeated == 0
+        assert report.unseen == 8  # all 8 groups trained on for the first time
         assert not sampler.undrawn_fresh
     report = sampler.sample_groups(12, 4, 4)
     assert report.repeated == 4 and len({g.prompt_key for g in report.groups}) == 8
+    assert report.unseen == 0  # the same prompts' 4 trajectories again: nothing new
 
 
 def test_replay_branch_weights_trajectories_within_a_prompt_by_softmax():

@@ -155,3 +155,14 @@ def test_updates_per_step_counts_mini_batches_and_epochs(tb_config):
     cfg = with_change(with_change(tb_config, "data.train_batch_size", 16), "actor_rollout_ref.actor.ppo_mini_batch_size", 8)
     assert updates_per_step(cfg) == 2
     assert updates_per_step(with_change(cfg, "actor_rollout_ref.actor.ppo_epochs", 3)) == 6
+
+
+def test_free_running_searchers_need_the_decoupled_mode_and_room_for_a_fetch(tb_config):
+    from tba_ext.core.settings import check_searcher_queue
+
+    decoupled = with_change(tb_config, "trainer.v1.trainer_mode", "tba_separate_async")
+    check_searcher_queue(decoupled, parse_settings({"searcher_queue_prompts": 16}))
+    with pytest.raises(ValueError, match="trainer_mode=tba_separate_async"):
+        check_searcher_queue(tb_config, parse_settings({"searcher_queue_prompts": 16}))
+    with pytest.raises(ValueError, match=r"searcher_queue_prompts=4 is below one dataloader fetch of 8"):
+        check_searcher_queue(decoupled, parse_settings({"searcher_queue_prompts": 4}))

@@ -5,9 +5,10 @@
     +trainer.v1.sampler.sampler_kwargs.recency_prob=0.95  (any ReplaySettings field)
 
 verl deletes every trajectory it trains on (trainer_base.py:511). Each ``sample`` call therefore:
-1. waits, with verl's own machinery, until enough freshly generated groups are finished;
-2. moves the oldest B finished groups (verl's order) out of TransferQueue into the ``TrajectoryStore`` in
-   compact form (``rows``);
+1. waits, with verl's own machinery, until enough freshly generated groups are finished (a batch; or
+   ``min_fresh_groups``, 0 for free-running searchers: no wait while the store can serve);
+2. moves finished groups out of TransferQueue into the ``TrajectoryStore`` in compact form (``rows``): the
+   oldest B (verl's order) by default, every finished one when ``min_fresh_groups`` is set;
 3. draws B groups of K = ``rollout.n`` with ``ReplaySampler`` and writes them back under fresh
    ``{uid}_{session}_{idx}`` keys, one new uid per group, so verl recomputes old and reference log-probs for
    the current policy; ``rollout_log_probs`` stay the searcher's, for TBA's importance ratio.
@@ -132,17 +133,20 @@ class TBAReplaySampler(ReplayBufferAsync):
             return super().sample(global_steps, partition_id, batch_size)
         # the policy being trained at step s carries weight version s - 1 (weights sync at step end)
         current_version = (global_steps - 1) * self.updates_per_version
-        need = self.settings.min_fresh_groups or batch_size
+        threshold = self.settings.min_fresh_groups
+        need = batch_size if threshold is None else threshold
         deadline = time.monotonic() + self.settings.wait_timeout_s
         metrics, ingest = {}, {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
         while True:
             sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
             metrics.update(evictions)
-            # oldest first, at most a batch per update (verl's order): groups generated ahead of training wait
-            # in TransferQueue, so generation ahead (colocate_async) makes the fresh data as stale for TB as it
-            # is for verl's own samplers, instead of the sampler skipping to the newest finished groups
-            oldest, _, _ = self._select_prompt_uids(partition_id, set(sampleable), batch_size)
-            for key, value in self._ingest(partition_id, set(oldest)).items():
+            # by default oldest first, at most a batch per update (verl's order): groups generated ahead of
+            # training wait in TransferQueue, so generation ahead (colocate_async) makes the fresh data as stale
+            # for TB as it is for verl's own samplers. Free-running searchers (min_fresh_groups set) produce at
+            # their own pace: everything finished enters the store, as the reference's sync delivers it
+            take = set(sampleable) if threshold is not None else set(
+                self._select_prompt_uids(partition_id, set(sampleable), batch_size)[0])
+            for key, value in self._ingest(partition_id, take).items():
                 ingest[key] += value
             k = self.group_size or self.largest_group
             report = self.sampler.sample_groups(batch_size, k, current_version)
@@ -205,6 +209,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             "replay/reward_stored_mean": self.store.reward_mean,
             "replay/repeated_prompts": report.repeated,
             "replay/distinct_prompt_frac": len({g.prompt_key for g in groups}) / max(len(groups), 1),
+            "replay/unseen_group_frac": report.unseen / max(len(groups), 1),  # consumed for the first time
             "replay/fresh_prompts_undrawn": len(self.sampler.undrawn_fresh),
             "replay/dedup_hits": stats.dedup_hits,
             "replay/evictions": stats.evicted,

@@ -32,8 +32,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from tba_ext.adapters import losses
 from tba_ext.core import tb
-from tba_ext.core.settings import (check_reference_updates, check_replay_run, check_tb_run, parse_settings,
-                                   updates_per_step)
+from tba_ext.core.settings import check_tba_run, updates_per_step
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +80,7 @@ class TBATrainerMixin:
 
     def __init__(self, config):
         plain = OmegaConf.to_container(config, resolve=True)
-        self.tba = parse_settings(plain.get("tba"))
-        check_tb_run(plain)
-        self.replay_settings = check_replay_run(plain)
-        check_reference_updates(plain, self.tba)
+        self.tba, self.replay_settings = check_tba_run(plain)
         self.updates_per_step = updates_per_step(plain)
         # verl branches on trainer_mode == "sync" etc.; run as the base mode we extend
         with open_dict(config):
@@ -170,6 +166,7 @@ class TBATrainerMixin:
         now = time.time()
         step_s = float(timing_raw.get("step", 0.0)) or 1e-9
         metrics["tba/trainer_idle_ratio"] = float(timing_raw.get("gen", 0.0)) / step_s
+        metrics["tba/data_wait_s_per_update"] = float(timing_raw.get("gen", 0.0)) / self.updates_per_step
         metrics["tba/weight_sync_s"] = float(timing_raw.get("update_weights", 0.0))
         metrics["tba/trajectories_consumed_per_s"] = len(batch.keys) / step_s
         stats = self._searcher_stats()
@@ -233,11 +230,35 @@ if not isinstance(_separate_async_module.logger, _FlushTolerantLogger):
 @register_trainer("tba_separate_async")
 class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
     """Decoupled searchers: verl's standalone rollout pool generates continuously; weights sync every
-    ``trainer.v1.separate_async.parameter_sync_step`` (k) local updates."""
+    ``trainer.v1.separate_async.parameter_sync_step`` (k) local updates.
+
+    With ``tba.searcher_queue_prompts`` the searchers run free: before every update the prompts queued or in
+    generation are topped up to that many, whatever the trainer consumed, instead of verl's one batch per
+    global step; the sampler (``min_fresh_groups``) then trains on what the store holds without waiting."""
 
     base_mode = "separate_async"
 
     SEARCHER_RESTART_WAIT_S = 300
+
+    def _add_batch_to_generate(self):
+        if self.tba.searcher_queue_prompts is None:
+            return super()._add_batch_to_generate()
+        self._top_up_searchers()
+
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        if self.tba.searcher_queue_prompts is not None:
+            self._top_up_searchers()
+
+    def _top_up_searchers(self) -> int:
+        """Queue prompts (whole ``data.gen_batch_size`` chunks) until ``searcher_queue_prompts`` are pending
+        or generating."""
+        buffer = self.replay_buffer
+        buffer._sync_metadata_from_transfer_queue()
+        inflight = len(buffer.pending_keys["train"]) + len(buffer.running_keys["train"])
+        chunk = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
+        missing = (self.tba.searcher_queue_prompts - inflight) // chunk * chunk
+        return self._add_prompts_to_generate(missing) if missing > 0 else 0
 
     def on_step_end(self):
         """verl's weight sync, retried while a searcher that died is being restarted by Ray: the sync's first

@@ -129,6 +129,7 @@ class SampleReport:
     groups: list[SampledGroup]
     repeated: int = 0  # slots filled by a prompt already in the batch (fewer distinct prompts than B)
     missing: int = 0  # slots left empty: nothing sampleable (the caller waits and samples again)
+    unseen: int = 0  # groups none of whose trajectories was drawn before (data the trainer sees the first time)
 
 
 class TrajectoryStore:
@@ -491,6 +492,7 @@ class ReplaySampler:
             report.groups.append(SampledGroup(key, picked, "recency" if recency else "replay",
                                               self.store.prompt(key).payload))
         if not report.missing:  # a batch with holes is not used: the caller waits and samples again
+            report.unseen = sum(all(t.draws == 0 for t in g.trajectories) for g in report.groups)
             self._count_draws(report.groups)
         return report
 

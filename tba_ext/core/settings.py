@@ -42,7 +42,11 @@ class ReplaySettings:
     # the data of the last sync, as in the reference; 2k the last two versions
     recency_window: int = 1
     max_nonfinite_frac: float = 0.05  # stop the run when more rewards than this are NaN/inf
-    min_fresh_groups: int = 0  # finished fresh groups to wait for before each sample; 0 = the batch size
+    # finished fresh groups to wait for before each sample. null: exactly a batch, and only the oldest B finished
+    # groups enter the store (each update consumes what was generated for it, as verl's samplers do); a number
+    # (0 = never wait while the store can serve a batch): every finished group enters the store at each sample,
+    # the decoupled mode's free-running searchers
+    min_fresh_groups: Optional[int] = None
     wait_timeout_s: float = 600.0  # an empty or fully stale store waits this long for data, then stops the run
     seed: int = 0
 
@@ -62,6 +66,9 @@ class TBASettings:
     # the update: ref <- ref_ema * ref + (1 - ref_ema) * policy; 0 copies the policy (the TBA' reset), 0.9 with
     # ref_reset_every=1 is the EMA reference of the later TBA' runs
     ref_ema: float = 0.0
+    # tba_separate_async: prompts kept queued or generating at the searchers, topped up before every update
+    # whatever the trainer consumes (free-running searchers); null = verl's lockstep, one batch per global step
+    searcher_queue_prompts: Optional[int] = None
 
 
 def _build(cls, node: Mapping[str, Any] | None, prefix: str):
@@ -94,7 +101,8 @@ def parse_replay_settings(node: Mapping[str, Any] | None, prefix: str) -> Replay
         (r.wait_timeout_s > 0, "wait_timeout_s must be > 0", r.wait_timeout_s),
         (r.recency_window >= 1, "recency_window must be >= 1", r.recency_window),
         (0.0 <= r.max_nonfinite_frac <= 1.0, "max_nonfinite_frac must be in [0, 1]", r.max_nonfinite_frac),
-        (r.min_fresh_groups >= 0, "min_fresh_groups must be >= 0", r.min_fresh_groups),
+        (r.min_fresh_groups is None or r.min_fresh_groups >= 0, "min_fresh_groups must be >= 0 or null",
+         r.min_fresh_groups),
     ]
     for ok, message, value in checks:
         if not ok:
@@ -108,6 +116,8 @@ def parse_settings(node: Mapping[str, Any] | None) -> TBASettings:
     checks = [
         (settings.ref_reset_every >= 0, "tba.ref_reset_every must be >= 0", settings.ref_reset_every),
         (0.0 <= settings.ref_ema < 1.0, "tba.ref_ema must be in [0, 1)", settings.ref_ema),
+        (settings.searcher_queue_prompts is None or settings.searcher_queue_prompts > 0,
+         "tba.searcher_queue_prompts must be > 0 or null", settings.searcher_queue_prompts),
         (settings.beta.anneal_steps >= 0, "tba.beta.anneal_steps must be >= 0", settings.beta.anneal_steps),
         (settings.beta.final is None or settings.beta.final > 0, "tba.beta.final must be > 0 or null",
          settings.beta.final),
@@ -192,6 +202,33 @@ def check_reference_updates(cfg: Mapping[str, Any], settings: TBASettings) -> No
     if not (algo.get("use_kl_in_reward") or aro["actor"].get("use_kl_loss")):
         raise ValueError("tba.ref_reset_every is set but the run has no reference policy (neither "
                          "algorithm.use_kl_in_reward nor actor_rollout_ref.actor.use_kl_loss)")
+
+
+def check_searcher_queue(cfg: Mapping[str, Any], settings: TBASettings) -> None:
+    """Free-running searchers (``tba.searcher_queue_prompts``) need the decoupled trainer and room for at least
+    one dataloader fetch."""
+    queue = settings.searcher_queue_prompts
+    if queue is None:
+        return
+    mode = cfg["trainer"]["v1"].get("trainer_mode")
+    if mode != "tba_separate_async":
+        raise ValueError(f"tba.searcher_queue_prompts needs trainer.v1.trainer_mode=tba_separate_async (decoupled "
+                         f"searchers), got {mode}")
+    chunk = cfg["data"].get("gen_batch_size") or cfg["data"]["train_batch_size"]
+    if queue < chunk:
+        raise ValueError(f"tba.searcher_queue_prompts={queue} is below one dataloader fetch of {chunk} prompts "
+                         "(data.gen_batch_size, else data.train_batch_size): nothing could be queued")
+
+
+def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings | None]:
+    """Every start-up check of a run (full verl config as nested dicts): the ``tba:`` node, the TB estimator,
+    the replay sampler, reference updates and free-running searchers. Returns the parsed settings."""
+    settings = parse_settings(cfg.get("tba"))
+    check_tb_run(cfg)
+    replay = check_replay_run(cfg)
+    check_reference_updates(cfg, settings)
+    check_searcher_queue(cfg, settings)
+    return settings, replay
 
 
 # TBA' clamps pi_theta / pi_rollout at this value unless actor_rollout_ref.actor.policy_loss.is_ratio_max says
