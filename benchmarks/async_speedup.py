@@ -1,17 +1,23 @@
-"""Colocated sync vs decoupled TBA on the same CPUs, for the same number of trained samples.
+"""Sync vs decoupled TBA on the same CPUs, for the same number of trained samples, 1 and 2 searchers.
 
-    python benchmarks/async_speedup.py [--steps 10] [--out benchmarks/results/async_speedup.json]
+    python benchmarks/async_speedup.py [--steps 12] [--repeats 3] [--searchers 1 2]
 
-Both runs train the same tiny model on the same data with the tb loss and the TBA replay sampler:
+Every run trains the `small` model on the same data with the tb loss and the TBA replay sampler, 16 prompts per
+global step in 2 optimizer updates of 8 (k = 2), for ``--steps`` global steps; the first step (warm-up, initial
+weight sync) is not measured, so 12 steps measure 22 updates:
 - sync: `cpu_tba` with trainer_mode=tba_sync (generation, then training, then weight sync, in turn);
-- decoupled: `cpu_tba_decoupled` (a searcher replica generates while the trainer trains; weights every k=2).
-Reports the wall-clock ratio, trainer idle ratio (time the trainer waits for data / step time), and the ideal
-overlap ratio (gen + train) / max(gen, train) computed from the sync run's own timings. JSON + table + PNG
-timeline (per step: trainer waiting vs computing, and searcher busy fraction).
+- decoupled N: `cpu_tba_decoupled` with N searcher replicas running free (a queue of 2 batches of prompts,
+  topped up before every update; the trainer trains on the store without waiting for fresh groups).
+Each configuration runs ``--repeats`` times; figures are medians with the min-max spread. Reported:
+speedup_vs_sync (median sync wall / median decoupled wall, wall = summed verl step time), trainer_idle_ratio
+(time waiting for data / step time), searcher_idle_ratio, weight_sync_share (weight sync / step time) and where
+the sync went (verl's stages vs the transfer), ideal_overlap ((gen + train) / max(gen, train) from the sync runs'
+own timings). JSON + table + PNG timeline of one run per configuration.
 """
 
 import json
 import os
+import statistics
 import time
 
 from tba_ext import report
@@ -19,53 +25,103 @@ from tba_ext.launch import run_verl
 
 from common import parse_args, prepare_run
 
+SYNC_PHASES = ("abort_replicas", "release_kv_cache_replicas", "build_process_group", "resume_kv_cache_replicas",
+               "resume_generation_replicas")
+
+
+def extra_args(parser):
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--searchers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--size", default="small")
+
+
+def configurations(searchers):
+    yield "sync", "cpu_tba", ["trainer.v1.trainer_mode=tba_sync"]
+    for n in searchers:
+        yield f"decoupled_{n}", "cpu_tba_decoupled", [f"actor_rollout_ref.rollout.n_gpus_per_node={n}",
+                                                       f"ray_kwargs.ray_init.num_gpus={n + 1}"]
+
+
+def measure(records: list[dict]) -> dict:
+    d = [x["data"] for x in records[1:]]  # step 1 holds the warm-up and the initial weight sync
+    step = sum(x["timing_s/step"] for x in d)
+    gen = sum(x["timing_s/gen"] for x in d)
+    sync = sum(x.get("tba/weight_sync_s", 0.0) for x in d)
+    out = {
+        "wall_s": step, "gen_s": gen, "train_s": step - gen, "trainer_idle_ratio": gen / step,
+        "weight_sync_s_per_step": sync / len(d), "weight_sync_share": sync / step,
+        "updates": 2 * len(d),
+    }
+    idle = [x["tba/searcher_idle_ratio"] for x in d if "tba/searcher_idle_ratio" in x]
+    if idle:
+        out["searcher_idle_ratio"] = statistics.mean(idle)
+    phases = {name: sum(x.get(f"tba/weight_sync/{name}_s", 0.0) for x in d) / len(d) for name in SYNC_PHASES}
+    if any(phases.values()):
+        out["weight_sync_phases_s_per_step"] = {**phases, "transfer": out["weight_sync_s_per_step"] - sum(phases.values())}
+    for key in ("tba/trajectories_generated_per_s", "tba/trajectories_consumed_per_s", "replay/unseen_group_frac",
+                "replay/staleness_mean"):
+        values = [x[key] for x in d if key in x]
+        if values:
+            out[key.split("/")[-1]] = statistics.mean(values)
+    return out
+
+
+def spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
 
 def main():
-    args = parse_args("async_speedup", steps=10)
-    run = prepare_run(args.run_dir, train_size=1000)
+    args = parse_args("async_speedup", steps=12, extra=extra_args)
+    run = prepare_run(args.run_dir, train_size=2000, size=args.size)
     common = [f"run_dir={run}", f"trainer.total_training_steps={args.steps}", "data.train_batch_size=16",
               "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
-    runs = {}
-    for name, config, extra in (
-        ("sync", "cpu_tba", ["trainer.v1.trainer_mode=tba_sync"]),
-        ("decoupled", "cpu_tba_decoupled", []),
-    ):
-        metrics = f"{run}/{name}.jsonl"
-        start = time.time()
-        run_verl(config, common + extra, log_path=f"{run}/{name}.log", metrics_path=metrics)
-        records = report.read_metrics(metrics)
-        runs[name] = {"records": records, "launch_wall_s": time.time() - start}
-    summary = {}
-    for name, r in runs.items():
-        d = [x["data"] for x in r["records"][1:]]  # skip step 1 (warm-up)
-        step = sum(x["timing_s/step"] for x in d)
-        summary[name] = {
-            "train_wall_s": step,
-            "launch_wall_s": r["launch_wall_s"],
-            "trainer_idle_ratio": sum(x["timing_s/gen"] for x in d) / step,
-            "gen_s": sum(x["timing_s/gen"] for x in d),
-            "train_s": step - sum(x["timing_s/gen"] for x in d),
-            "searcher_idle_ratio": (sum(x.get("tba/searcher_idle_ratio", 0.0) for x in d) / len(d)),
-        }
-    sync = summary["sync"]
-    ideal = (sync["gen_s"] + sync["train_s"]) / max(sync["gen_s"], sync["train_s"])
-    result = {
-        "steps_measured": args.steps - 1,
-        "runs": summary,
-        "speedup_decoupled_over_sync": sync["train_wall_s"] / summary["decoupled"]["train_wall_s"],
-        "ideal_overlap_ratio": ideal,
-        "fraction_of_ideal": (sync["train_wall_s"] / summary["decoupled"]["train_wall_s"]) / ideal,
-        "goals": {"fraction_of_ideal": 0.9, "trainer_idle_ratio_decoupled": 0.1},
-    }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    runs: dict[str, list] = {}
+    for repeat in range(args.repeats):
+        for name, config, extra in configurations(args.searchers):
+            metrics = f"{run}/{name}_r{repeat}.jsonl"
+            print(f"== {name}, repeat {repeat + 1}/{args.repeats}", flush=True)
+            start = time.time()
+            run_verl(config, common + extra, log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics)
+            records = report.read_metrics(metrics)
+            runs.setdefault(name, []).append({"records": records, "launch_wall_s": time.time() - start,
+                                              **measure(records)})
+            print(f"   wall {runs[name][-1]['wall_s']:.1f} s, trainer idle {runs[name][-1]['trainer_idle_ratio']:.2f}",
+                  flush=True)
+    sync_wall = statistics.median(r["wall_s"] for r in runs["sync"])
+    sync_gen = statistics.median(r["gen_s"] for r in runs["sync"])
+    sync_train = statistics.median(r["train_s"] for r in runs["sync"])
+    result = {"steps_measured": args.steps - 1, "updates_measured": 2 * (args.steps - 1), "model": args.size,
+              "repeats": args.repeats, "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train),
+              "configurations": {}}
+    for name, rs in runs.items():
+        summary = {key: spread([r[key] for r in rs]) for key in
+                   ("wall_s", "trainer_idle_ratio", "weight_sync_share", "weight_sync_s_per_step")}
+        for key in ("searcher_idle_ratio", "trajectories_generated_per_s", "trajectories_consumed_per_s",
+                    "unseen_group_frac", "staleness_mean"):
+            if all(key in r for r in rs):
+                summary[key] = spread([r[key] for r in rs])
+        if all("weight_sync_phases_s_per_step" in r for r in rs):
+            summary["weight_sync_phases_s_per_step"] = {
+                phase: statistics.median(r["weight_sync_phases_s_per_step"][phase] for r in rs)
+                for phase in rs[0]["weight_sync_phases_s_per_step"]}
+        if name != "sync":
+            summary["speedup_vs_sync"] = sync_wall / summary["wall_s"]["median"]
+            summary["speedup_vs_sync_per_repeat"] = [s["wall_s"] / d["wall_s"] for s, d in zip(runs["sync"], rs)]
+        result["configurations"][name] = summary
+    result["goals"] = {"speedup_vs_sync": 1.5, "trainer_idle_ratio": 0.1, "weight_sync_share": 0.1}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"{'run':<10} | {'wall (s)':>8} | {'trainer idle':>12} | {'searcher idle':>13}")
-    for name, s in summary.items():
-        print(f"{name:<10} | {s['train_wall_s']:>8.1f} | {s['trainer_idle_ratio']:>12.2f} | {s['searcher_idle_ratio']:>13.2f}")
-    print(f"speedup {result['speedup_decoupled_over_sync']:.2f}x, ideal overlap {ideal:.2f}x "
-          f"({result['fraction_of_ideal']:.2f} of ideal); written to {args.out}")
-    timeline(runs, args.out.replace(".json", ".png"))
+    print(f"{'run':<12} | {'wall s (median, min-max)':>24} | {'speedup':>7} | {'trainer idle':>12} | "
+          f"{'searcher idle':>13} | {'sync share':>10}")
+    for name, s in result["configurations"].items():
+        wall = s["wall_s"]
+        print(f"{name:<12} | {wall['median']:>8.1f} ({wall['min']:.1f}-{wall['max']:.1f}) {'':>6} | "
+              f"{s.get('speedup_vs_sync', 1.0):>6.2f}x | {s['trainer_idle_ratio']['median']:>12.2f} | "
+              f"{s.get('searcher_idle_ratio', {}).get('median', float('nan')):>13.2f} | "
+              f"{s['weight_sync_share']['median']:>10.3f}")
+    print(f"ideal overlap from the sync runs' own timings: {result['ideal_overlap']:.2f}x; written to {args.out}")
+    timeline({name: rs[0] for name, rs in runs.items()}, args.out.replace(".json", ".png"))
 
 
 def timeline(runs, path):
@@ -74,21 +130,22 @@ def timeline(runs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 3.2), squeeze=False)
-    for ax, (name, r) in zip(axes[0], runs.items()):
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.9 * len(runs)), squeeze=False)
+    for ax, (name, r) in zip(axes[:, 0], runs.items()):
         t = 0.0
-        for rec in r["records"]:
+        for rec in r["records"][1:]:
             d = rec["data"]
-            wait, step = d["timing_s/gen"], d["timing_s/step"]
-            ax.barh(1, wait, left=t, color="tab:orange")
-            ax.barh(1, step - wait, left=t + wait, color="tab:blue")
-            if "tba/searcher_idle_ratio" in d:  # measured between consecutive steps, so not on the first
-                ax.barh(0, step * (1.0 - d["tba/searcher_idle_ratio"]), left=t, color="tab:green")
+            wait, step, sync = d["timing_s/gen"], d["timing_s/step"], d.get("tba/weight_sync_s", 0.0)
+            ax.barh(2, wait, left=t, color="tab:orange")
+            ax.barh(2, step - wait - sync, left=t + wait, color="tab:blue")
+            ax.barh(2, sync, left=t + step - sync, color="tab:red")
+            if "tba/searcher_idle_ratio" in d:  # measured between consecutive steps
+                ax.barh(1, step * (1.0 - d["tba/searcher_idle_ratio"]), left=t, color="tab:green")
             t += step
-        ax.set_yticks([0, 1], ["searcher busy", "trainer"])
-        ax.set_xlabel("seconds")
-        ax.set_title(f"{name}: trainer waiting (orange) / training (blue);\nsearcher busy share of each step (green)",
-                     fontsize=9)
+        ax.set_yticks([1, 2], ["searchers busy", "trainer"])
+        ax.set_title(f"{name}: trainer waiting for data (orange), training (blue), weight sync (red); "
+                     "searchers' busy share of each step (green)", fontsize=8)
+    axes[-1, 0].set_xlabel("seconds (measured steps)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"timeline: {path}")

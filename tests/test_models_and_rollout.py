@@ -101,6 +101,37 @@ def test_weight_update_changes_generation_and_version(tiny_run, server, tmp_path
     assert lines[2]["global_steps"] == 7
 
 
+def test_weights_received_during_a_batch_apply_after_it_without_waiting(tiny_run, server, tmp_path, monkeypatch):
+    """The trainer's weight sync does not wait for a running batch: load_weights returns while the batch still
+    holds the model; that batch finishes (and is stamped) with its own weights, the next uses the new ones."""
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("TBA_EXT_ROLLOUT_TRACE", str(trace))
+    ids = list(prompt_ids(tiny_run))
+    greedy = {"temperature": 0.0, "logprobs": True}
+
+    async def run():
+        first = asyncio.ensure_future(server.generate(ids, dict(greedy), "a"))
+        while not server.model_lock.locked():  # the batch has started in its thread
+            await asyncio.sleep(0.001)
+        state = {k: torch.randn_like(v) for k, v in server.model.state_dict().items()}
+        await server.load_weights(state, global_steps=3)
+        returned_during_batch = server.model_lock.locked() and not first.done()
+        second = await server.generate(ids, dict(greedy), "b")
+        return returned_during_batch, await first, second
+
+    returned_during_batch, first, second = asyncio.run(run())
+    assert returned_during_batch
+    assert first.extra_fields["global_steps"] == 0 and second.extra_fields["global_steps"] == 3
+    assert [json.loads(x)["event"] for x in trace.read_text().splitlines()] == [
+        "generate_begin", "generate_end", "weights", "generate_begin", "generate_end"]
+    with pytest.raises(RuntimeError, match="unexpected=\\['nope'\\]"):
+        asyncio.run(server.load_weights({**state_of(server), "nope": torch.zeros(1)}, global_steps=4))
+
+
+def state_of(server):
+    return {k: v.clone() for k, v in server.model.state_dict().items()}
+
+
 def test_server_refuses_a_missing_model_dir(tmp_path):
     from tba_ext.cpu.hf_rollout import HFCPUServer
 

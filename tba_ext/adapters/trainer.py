@@ -14,6 +14,8 @@ Schedules and staleness count optimizer updates: a global step is ``updates_per_
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import sys
@@ -239,6 +241,45 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
     base_mode = "separate_async"
 
     SEARCHER_RESTART_WAIT_S = 300
+
+    # the stages of verl's CheckpointEngineManager.update_weights around the transfer itself
+    SYNC_PHASES = ("abort_replicas", "release_kv_cache_replicas", "build_process_group", "resume_kv_cache_replicas",
+                   "resume_generation_replicas")
+
+    def on_init_end(self):
+        self._sync_phase_s = dict.fromkeys(self.SYNC_PHASES, 0.0)
+        manager = self.standalone_checkpoint_manager
+        for name in self.SYNC_PHASES:
+            setattr(manager, name, self._timed(name, getattr(manager, name)))
+        super().on_init_end()
+
+    def _timed(self, name, method):
+        """``method`` adding its wall time to ``_sync_phase_s[name]``, reported with the step's metrics."""
+        if inspect.iscoroutinefunction(method):
+            @functools.wraps(method)
+            async def timed(*args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return await method(*args, **kwargs)
+                finally:
+                    self._sync_phase_s[name] += time.perf_counter() - start
+        else:
+            @functools.wraps(method)
+            def timed(*args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    self._sync_phase_s[name] += time.perf_counter() - start
+        return timed
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        # where this step's weight sync went (step 1 also holds the initial one): verl's stages around the
+        # transfer; the rest of tba/weight_sync_s is the transfer itself
+        for name, seconds in self._sync_phase_s.items():
+            metrics[f"tba/weight_sync/{name}_s"] = seconds
+        self._sync_phase_s = dict.fromkeys(self.SYNC_PHASES, 0.0)
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
     def _add_batch_to_generate(self):
         if self.tba.searcher_queue_prompts is None:

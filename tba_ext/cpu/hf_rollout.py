@@ -97,7 +97,9 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
 
 
 class HFCPUServer:
-    """Ray actor holding one HF model copy; generation batches run in a thread, weight loads wait for them."""
+    """Ray actor holding one HF model copy; generation batches run in a thread. New weights are received at once
+    and applied between batches: a batch runs to completion with the weights it started with (and is stamped
+    with their version), the next starts with the newest, and the trainer never waits for a running batch."""
 
     def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int, max_batch: int = 256):
         torch.set_num_threads(int(os.environ.get("TBA_EXT_ROLLOUT_THREADS", "1")))
@@ -115,6 +117,7 @@ class HFCPUServer:
         self.max_batch = max_batch
         self.global_steps: Optional[int] = None
         self.weight_loads = 0
+        self.staged: Optional[tuple[dict, Optional[int]]] = None  # received, applied before the next batch
         self.pending: list[_Request] = []
         self.wakeup = asyncio.Event()
         self.model_lock = asyncio.Lock()
@@ -158,6 +161,7 @@ class HFCPUServer:
                 batch = [r for r in self.pending if r.sampling_key == key][: self.max_batch]
                 self.pending = [r for r in self.pending if not any(r is b for b in batch)]
                 async with self.model_lock:
+                    self._apply_staged()
                     start = time.perf_counter()
                     _trace({"event": "generate_begin", "requests": len(batch)})
                     try:
@@ -209,17 +213,30 @@ class HFCPUServer:
         )
 
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int]) -> dict:
-        async with self.model_lock:  # never swap weights under a running batch
-            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
-            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-            if unexpected or set(missing) - tied:
-                raise RuntimeError(f"hfcpu weight update does not match the model: missing={missing}, "
-                                   f"unexpected={unexpected}")
-            self.global_steps = global_steps
-            self.weight_loads += 1
-            if os.environ.get("TBA_EXT_ROLLOUT_TRACE"):
-                _trace({"event": "weights", "global_steps": global_steps, "checksum": self._checksum()})
+        """Receive new weights: checked now, applied now if no batch runs, else right after it (never under a
+        running batch). A newer version received meanwhile replaces an unapplied one."""
+        names = set(self.model.state_dict())
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        unexpected, missing = set(state_dict) - names, names - set(state_dict) - tied
+        if unexpected or missing:
+            raise RuntimeError(f"hfcpu weight update does not match the model: missing={sorted(missing)}, "
+                               f"unexpected={sorted(unexpected)}")
+        self.staged = (state_dict, global_steps)
+        if not self.model_lock.locked():
+            async with self.model_lock:
+                self._apply_staged()
         return {"global_steps": global_steps, "weight_loads": self.weight_loads}
+
+    def _apply_staged(self) -> None:
+        """Called holding ``model_lock``."""
+        if self.staged is None:
+            return
+        (state_dict, global_steps), self.staged = self.staged, None
+        self.model.load_state_dict(state_dict, strict=False)
+        self.global_steps = global_steps
+        self.weight_loads += 1
+        if os.environ.get("TBA_EXT_ROLLOUT_TRACE"):
+            _trace({"event": "weights", "global_steps": global_steps, "checksum": self._checksum()})
 
     async def stats(self) -> dict:
         return dict(
