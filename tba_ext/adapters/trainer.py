@@ -28,6 +28,7 @@ from omegaconf import OmegaConf, open_dict
 from tensordict import NonTensorStack
 
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.utils.ray_utils import auto_await
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -47,16 +48,25 @@ def _local_tensors(module) -> dict:
             for name, t in module.state_dict(keep_vars=True).items()}
 
 
+def _engine_module(worker, role: str):
+    """The model of ``role`` ("actor" or "ref") in this Ray actor: held by the verl worker itself, or by one of
+    the workers verl fuses into a ``WorkerDict`` when roles share a resource pool (``worker_dict``)."""
+    for candidate in (worker, *getattr(worker, "worker_dict", {}).values()):
+        if getattr(candidate, role, None) is not None:
+            return getattr(candidate, role).engine.module
+    raise RuntimeError(f"no {role} model in this worker")
+
+
 def _actor_shards(worker) -> dict:
     """Runs inside an actor worker: its shard of the policy's weights, on CPU, for the reference's rank."""
-    return {name: t.detach().cpu() for name, t in _local_tensors(worker.actor.engine.module).items()}
+    return {name: t.detach().cpu() for name, t in _local_tensors(_engine_module(worker, "actor")).items()}
 
 
 def _update_reference(worker, source: dict | None, keep: float) -> int:
     """Runs inside a worker holding the reference: ref <- keep * ref + (1 - keep) * policy, shard by shard
-    (keep = 0 copies). ``source``: the policy's shards of the same rank, or None for the colocated actor's."""
-    target = _local_tensors(worker.ref.engine.module)
-    source = source if source is not None else _local_tensors(worker.actor.engine.module)
+    (keep = 0 copies). ``source``: the policy's shards of the same rank, or None for the actor in this process."""
+    target = _local_tensors(_engine_module(worker, "ref"))
+    source = source if source is not None else _local_tensors(_engine_module(worker, "actor"))
     if set(target) != set(source):
         raise RuntimeError(f"reference and policy weights differ in names: {sorted(set(target) ^ set(source))[:5]}")
     with torch.no_grad():
@@ -126,6 +136,8 @@ class TBATrainerMixin:
         metrics.update(losses.ESTIMATOR_METRICS)
         if "actor/reward_kl_penalty" in metrics:
             metrics["tb/kl"] = metrics["actor/reward_kl_penalty"]
+            if getattr(self, "local_trigger_step", 0) == 0:  # the step's first update (of k in separate_async)
+                metrics["tb/kl_step_start"] = metrics["actor/reward_kl_penalty"]
         return batch
 
     def on_step_end(self):
@@ -140,11 +152,12 @@ class TBATrainerMixin:
         if not due or not self.use_reference_policy:
             return
         keep = self.tba.ref_ema ** due
-        actors = self.actor_rollout_wg.workers
-        if self.ref_policy_wg is self.actor_rollout_wg:  # hybrid: the reference lives in the actor's workers
-            ray.get([w.__ray_call__.remote(_update_reference, None, keep) for w in actors])
-        else:  # its own worker group, rank r from actor rank r, worker to worker through Ray's object store
-            refs = self.ref_policy_wg.workers
+        actors, refs = self.actor_rollout_wg.workers, self.ref_policy_wg.workers
+        if [w._actor_id for w in refs] == [w._actor_id for w in actors]:
+            # the reference shares the actor's processes: the hybrid worker, or its own worker group fused into
+            # the same Ray actors (verl does this when both use the global pool, as hybrid_engine=False does)
+            ray.get([w.__ray_call__.remote(_update_reference, None, keep) for w in refs])
+        else:  # other processes: rank r from actor rank r, worker to worker through Ray's object store
             if len(refs) != len(actors):
                 raise RuntimeError(f"{len(refs)} reference workers for {len(actors)} actor workers")
             shards = [w.__ray_call__.remote(_actor_shards) for w in actors]
@@ -254,13 +267,18 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
         super().on_init_end()
 
     def _timed(self, name, method):
-        """``method`` adding its wall time to ``_sync_phase_s[name]``, reported with the step's metrics."""
-        if inspect.iscoroutinefunction(method):
-            @functools.wraps(method)
+        """``method`` adding its wall time to ``_sync_phase_s[name]``, reported with the step's metrics. verl's
+        ``auto_await`` methods are re-wrapped around the timed coroutine, keeping their await-or-run rule."""
+        raw = getattr(method, "__wrapped__", None)
+        if raw is not None and inspect.iscoroutinefunction(raw):
+            owner = method.__self__
+
+            @auto_await
+            @functools.wraps(raw)
             async def timed(*args, **kwargs):
                 start = time.perf_counter()
                 try:
-                    return await method(*args, **kwargs)
+                    return await raw(owner, *args, **kwargs)
                 finally:
                     self._sync_phase_s[name] += time.perf_counter() - start
         else:
