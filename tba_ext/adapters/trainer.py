@@ -14,6 +14,7 @@ Schedules and staleness count optimizer updates: a global step is ``updates_per_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -28,10 +29,10 @@ from omegaconf import OmegaConf, open_dict
 from tensordict import NonTensorStack
 
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
-from verl.utils.ray_utils import auto_await
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.ray_utils import auto_await
 
 from tba_ext.adapters import losses
 from tba_ext.core import tb
@@ -185,15 +186,21 @@ class TBATrainerMixin:
         metrics["tba/weight_sync_s"] = float(timing_raw.get("update_weights", 0.0))
         metrics["tba/trajectories_consumed_per_s"] = len(batch.keys) / step_s
         stats = self._searcher_stats()
-        alive = [s for s in stats if s is not None]
-        metrics["tba/searchers_alive"] = len(alive)
-        previous, self._last_searcher_stats = getattr(self, "_last_searcher_stats", None), (now, alive)
-        if previous and alive and len(previous[1]) == len(alive):
-            wall = now - previous[0]
-            busy = sum(a["busy_seconds"] - b["busy_seconds"] for a, b in zip(alive, previous[1]))
-            made = sum(a["generated"] - b["generated"] for a, b in zip(alive, previous[1]))
-            metrics["tba/searcher_idle_ratio"] = max(0.0, 1.0 - busy / (wall * len(alive)))
-            metrics["tba/trajectories_generated_per_s"] = made / wall
+        metrics["tba/searchers_alive"] = sum(s is not None for s in stats)
+        previous, self._last_searcher_stats = getattr(self, "_last_searcher_stats", None), (now, stats)
+        if previous and len(previous[1]) == len(stats):
+            wall, idle, made = now - previous[0], [], 0
+            for i, (cur, old) in enumerate(zip(stats, previous[1])):
+                # a searcher dead now or then, or restarted since (its counters began again), is not measured
+                if cur is None or old is None or cur["generated"] < old["generated"]:
+                    continue
+                idle.append(max(0.0, 1.0 - (cur["busy_seconds"] - old["busy_seconds"]) / wall))
+                made += cur["generated"] - old["generated"]
+                metrics[f"tba/searcher_{i}/idle_ratio"] = idle[-1]
+                metrics[f"tba/searcher_{i}/generated_per_s"] = (cur["generated"] - old["generated"]) / wall
+            if idle:
+                metrics["tba/searcher_idle_ratio"] = sum(idle) / len(idle)
+                metrics["tba/trajectories_generated_per_s"] = made / wall
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
     # -- replay store persistence next to verl's checkpoint -----------------------------------------------
@@ -276,20 +283,22 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
             @auto_await
             @functools.wraps(raw)
             async def timed(*args, **kwargs):
-                start = time.perf_counter()
-                try:
+                with self._sync_phase(name):
                     return await raw(owner, *args, **kwargs)
-                finally:
-                    self._sync_phase_s[name] += time.perf_counter() - start
         else:
             @functools.wraps(method)
             def timed(*args, **kwargs):
-                start = time.perf_counter()
-                try:
+                with self._sync_phase(name):
                     return method(*args, **kwargs)
-                finally:
-                    self._sync_phase_s[name] += time.perf_counter() - start
         return timed
+
+    @contextlib.contextmanager
+    def _sync_phase(self, name):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync_phase_s[name] += time.perf_counter() - start
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         # where this step's weight sync went (step 1 also holds the initial one): verl's stages around the

@@ -48,7 +48,7 @@ def _trace(record: dict) -> None:
     path = os.environ.get("TBA_EXT_ROLLOUT_TRACE")
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps(dict(record, time=time.time())) + "\n")
+            f.write(json.dumps(dict(record, time=time.time(), pid=os.getpid())) + "\n")
 
 
 def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token_ids: set[int]) -> list[dict]:
