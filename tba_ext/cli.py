@@ -38,7 +38,10 @@ def cmd_make_model(args) -> int:
 def cmd_evaluate(args) -> int:
     from tba_ext import evaluate
 
-    if args.task == "tldr":
+    if args.reward_fn:  # the user's own verl reward function, whatever the task
+        result = evaluate.greedy_accuracy(args.model, args.data, args.max_new_tokens, limit=args.limit,
+                                          score_fn=evaluate.load_reward_fn(args.reward_fn))
+    elif args.task == "tldr":
         result = evaluate.tldr_win_rate(args.model, args.data, args.reward_model, args.max_new_tokens, args.limit)
     elif args.task == "redteam":
         result = evaluate.redteam_eval(args.model, args.data, args.victim, args.toxicity, args.max_new_tokens,
@@ -107,6 +110,9 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="the split's parquet (from prepare-data)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--reward-fn", default=None, metavar="PATH:NAME",
+                   help="score with this verl reward function (custom_reward_function.path:name) instead of the "
+                        "task's; greedy, mean reward over the split")
     p.add_argument("--reward-model", default=None, help="tldr: sequence-classification reward model dir")
     p.add_argument("--victim", default=None, help="redteam: victim causal LM dir")
     p.add_argument("--toxicity", default=None, help="redteam: toxicity classifier dir")

@@ -3,10 +3,37 @@ win rate against the reference summaries (TL;DR), attack success rate and divers
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from typing import Callable
+
 import pandas as pd
 import torch
 
 from tba_ext.tasks.rewards import compute_score
+
+
+def load_reward_fn(spec: str) -> Callable:
+    """``PATH:NAME`` (a file or ``pkg://module``, as verl's ``custom_reward_function.path`` / ``.name``) loaded
+    with verl's own loader, so ``evaluate`` scores with exactly the function training used."""
+    from verl.utils.import_utils import load_extern_object
+
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise ValueError(f"--reward-fn: expected PATH:NAME (e.g. my_reward.py:compute_score), got {spec!r}")
+    return load_extern_object(module_path=path, object_name=name)
+
+
+def reward_value(score_fn: Callable, data_source, text: str, ground_truth, extra_info) -> float:
+    """One score in verl's convention: a number, or a dict with ``score``; async functions are awaited."""
+    value = score_fn(data_source, text, ground_truth, extra_info)
+    if inspect.isawaitable(value):
+        value = asyncio.run(value)
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise ValueError(f"the reward function returned a dict without 'score': {sorted(value)}")
+        value = value["score"]
+    return float(value)
 
 
 def read_split(parquet_path: str, limit: int | None = None) -> pd.DataFrame:
@@ -40,15 +67,16 @@ def generate(model_dir: str, chats: list, max_new_tokens: int, batch_size: int =
 
 
 def greedy_accuracy(model_dir: str, parquet_path: str, max_new_tokens: int = 8, batch_size: int = 64,
-                    limit: int | None = None, samples: int = 0, seed: int = 0) -> dict:
-    """Greedy pass@1 over the split; with ``samples`` > 0 also ``sampled_accuracy``, the mean reward of that
-    many temperature-1 samples per prompt (the expected reward RL optimises: far less coarse than greedy on
-    a few distinct prompts)."""
+                    limit: int | None = None, samples: int = 0, seed: int = 0,
+                    score_fn: Callable = compute_score) -> dict:
+    """Greedy pass@1 over the split (mean reward of ``score_fn``, the built-in tasks' by default); with
+    ``samples`` > 0 also ``sampled_accuracy``, the mean reward of that many temperature-1 samples per prompt (the
+    expected reward RL optimises: far less coarse than greedy on a few distinct prompts)."""
     frame = read_split(parquet_path, limit)
     rows = [row for _, row in frame.iterrows()]
 
     def score(texts, repeat=1):
-        return [float(compute_score(row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"]))
+        return [reward_value(score_fn, row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])
                 for text, row in zip(texts, [r for r in rows for _ in range(repeat)])]
 
     greedy = score(generate(model_dir, list(frame["prompt"]), max_new_tokens, batch_size))

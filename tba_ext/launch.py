@@ -18,15 +18,34 @@ from omegaconf import OmegaConf
 CONFIG_DIR = str(resources.files("tba_ext") / "configs")
 
 
+# verl's configs are found through the search path given at launch (hydra only takes one from the primary config
+# or the command line), so a user's own YAML can build on ours: ``defaults: [cpu_tba, _self_]``
+SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config]"
+USER_CONFIG_SEARCHPATH = "hydra.searchpath=[pkg://tba_ext.configs,pkg://verl.trainer.config]"
+
+
+def config_location(config: str) -> tuple[str, str, list[str]]:
+    """(config dir, config name, search-path override) for a packaged config name or a path to the user's YAML."""
+    if config.endswith((".yaml", ".yml")) or os.sep in config:
+        path = os.path.abspath(config)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--config: no such file: {path}")
+        return os.path.dirname(path), os.path.splitext(os.path.basename(path))[0], [USER_CONFIG_SEARCHPATH]
+    if not os.path.exists(os.path.join(CONFIG_DIR, f"{config}.yaml")):
+        raise ValueError(f"unknown config {config!r}; tba-ext ships: {', '.join(list_configs())} "
+                         "(or give a path to your own YAML)")
+    return CONFIG_DIR, config, [SEARCHPATH]
+
+
 def compose(config_name: str, overrides: list[str]):
-    """The config verl will see: our overlay on verl's ppo_trainer.yaml, with the overrides applied."""
+    """The config verl will see: our overlay on verl's ppo_trainer.yaml (or the user's YAML on top of ours),
+    with the overrides applied."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    if not os.path.exists(os.path.join(CONFIG_DIR, f"{config_name}.yaml")) and not os.path.isabs(config_name):
-        raise ValueError(f"unknown config {config_name!r}; tba-ext ships: {', '.join(list_configs())}")
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return hydra_compose(config_name=config_name, overrides=overrides)
+    config_dir, name, extra = config_location(config_name)
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose(config_name=name, overrides=[*extra, *overrides])
 
 
 def list_configs() -> list[str]:
@@ -61,6 +80,20 @@ def preflight(cfg) -> None:
         check_vllm_cpu_model(plain["actor_rollout_ref"]["model"]["path"])
     if cpu_runtime_active() and plain["actor_rollout_ref"]["actor"]["strategy"] != "fsdp2":
         raise ValueError("actor_rollout_ref.actor.strategy must be fsdp2 on CPU (FSDP1/Megatron need a GPU)")
+
+
+# What a Ray cluster's nodes own (``ray start --num-cpus/--num-gpus/...``): ray.init refuses them when it joins one
+CLUSTER_OWNED_RAY_KEYS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "_system_config")
+
+
+def ray_overrides(cfg, ray_tmp: str) -> list[str]:
+    """Alone, a run starts its own one-node Ray in a private temp dir. Given a cluster to join
+    (``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``, e.g. nodes started with ``ray start``), it joins it and
+    the config's resource keys, which ray.init would refuse, are dropped: the nodes declared their resources."""
+    ray_init = cfg.get("ray_kwargs", {}).get("ray_init", {}) or {}
+    if ray_init.get("address") or os.environ.get("RAY_ADDRESS"):
+        return [f"~ray_kwargs.ray_init.{key}" for key in CLUSTER_OWNED_RAY_KEYS if ray_init.get(key) is not None]
+    return [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
 
 
 # Defaults for verl's process tree, each applied only where the user's environment does not set it.
@@ -99,11 +132,12 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     cfg = compose(config_name, overrides)
     preflight(cfg)
     ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
+    config_dir, name, extra = config_location(config_name)
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
-        "--config-path", CONFIG_DIR, "--config-name", config_name,
-        *overrides,
-        f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
+        "--config-path", config_dir, "--config-name", name,
+        *extra, *overrides,
+        *ray_overrides(cfg, ray_tmp),
         f"hydra.run.dir={ray_tmp}/hydra",  # not ./outputs/<date> in the caller's working directory
     ]
     from tba_ext.cpu.runtime import cpu_runtime_active

@@ -78,6 +78,36 @@ def test_server_batches_concurrent_requests_and_logprobs_match_a_forward_pass(ti
         assert out.stop_reason == "completed"
 
 
+def test_a_requests_sample_depends_on_its_seed_not_on_its_batch(tiny_run):
+    """Per-request seeds: the k-th request for a prompt gets the same tokens whether it runs alone or among other
+    prompts, the n requests of one prompt differ from each other, and the draws follow the model's distribution."""
+    from tba_ext.cpu.hf_rollout import HFCPUServer
+
+    ids, other = list(prompt_ids(tiny_run)), list(prompt_ids(tiny_run, "9+9=? Answer with the number only."))
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    async def samples(server, prompts):
+        return [o.token_ids for o in await asyncio.gather(*[server.generate(p, dict(params), f"r{i}")
+                                                            for i, p in enumerate(prompts)])]
+
+    def fresh():
+        return HFCPUServer(str(tiny_run / "model"), prompt_length=32, response_length=8, seed=5)
+
+    alone = asyncio.run(samples(fresh(), [ids] * 6))
+    mixed = asyncio.run(samples(fresh(), [other, ids, other, ids, ids, other, ids, ids, ids]))
+    assert [m for p, m in zip([other, ids, other, ids, ids, other, ids, ids, ids], mixed) if p is ids] == alone
+    assert len({tuple(a) for a in alone}) > 1  # occurrences are seeded apart
+    # first-token frequencies over many seeded requests match the model's softmax (chi-square, 3 sd)
+    server = fresh()
+    draws = asyncio.run(samples(server, [ids] * 400))
+    with torch.no_grad():
+        probs = torch.softmax(server.model(torch.tensor([ids])).logits[0, -1], -1)
+    top = torch.topk(probs, 3).indices.tolist()
+    counts = torch.tensor([sum(d[0] == t for d in draws) for t in top], dtype=torch.float)
+    expected = 400 * probs[top]
+    assert (((counts - expected) / expected.sqrt()).abs() < 3 * (1 - probs[top]).sqrt() + 1e-6).all(), (counts, expected)
+
+
 def test_weight_update_changes_generation_and_version(tiny_run, server, tmp_path, monkeypatch):
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("TBA_EXT_ROLLOUT_TRACE", str(trace))

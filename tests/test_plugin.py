@@ -124,3 +124,24 @@ def test_the_launcher_keeps_what_the_user_set_and_adds_cpu_defaults_only_on_cpu(
     assert cpu["OMP_NUM_THREADS"] == "8" and cpu["HF_HUB_OFFLINE"] == "0" and cpu["WANDB_MODE"] == "online"
     assert cpu["HF_DATASETS_OFFLINE"] == "1" and cpu["TBA_EXT_ROLLOUT_TRACE"] == "/tmp/t"
     assert launch_env({}, cpu_host=True)["OMP_NUM_THREADS"] == "1"
+
+
+def test_train_config_may_be_the_users_yaml_composed_with_ours(tmp_path):
+    """``tba-ext train --config my.yaml``: the user's file builds on a tba-ext config (and so on verl's
+    ppo_trainer.yaml); a missing file or unknown name is refused naming it."""
+    from omegaconf import OmegaConf
+
+    from tba_ext.launch import compose
+
+    (tmp_path / "my_tb.yaml").write_text(
+        "defaults:\n  - cpu_tba\n  - _self_\n"
+        "trainer:\n  total_training_steps: 7\n"
+        "algorithm:\n  kl_ctrl:\n    kl_coef: 0.02\n")
+    cfg = OmegaConf.to_container(compose(str(tmp_path / "my_tb.yaml"), ["data.train_batch_size=4"]))
+    assert cfg["trainer"]["total_training_steps"] == 7 and cfg["algorithm"]["kl_ctrl"]["kl_coef"] == 0.02
+    assert cfg["algorithm"]["adv_estimator"] == "tb" and cfg["trainer"]["v1"]["trainer_mode"] == "tba_colocate_async"
+    assert cfg["data"]["train_batch_size"] == 4 and "critic" in cfg  # verl's own keys came through
+    with pytest.raises(FileNotFoundError, match="no_such.yaml"):
+        compose(str(tmp_path / "no_such.yaml"), [])
+    with pytest.raises(ValueError, match="unknown config 'cpu_nope'"):
+        compose("cpu_nope", [])

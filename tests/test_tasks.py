@@ -100,3 +100,32 @@ def test_arith20_holds_out_a_fifth_of_pairs_and_the_test_split_asks_each_once():
     assert asked == held_out
     train = make_problems(2000, seed=3, split="train", max_operand=19)
     assert not {tuple(int(x) for x in p["question"][:-2].split("+")) for p in train} & held_out
+
+
+def test_evaluate_scores_with_a_users_verl_reward_function(tiny_run, tmp_path):
+    """``tba-ext evaluate --reward-fn PATH:NAME``: the user's function (verl's signature, dict or async returns)
+    is what scores; the same rule written by the user gives the built-in task's accuracy."""
+    import json
+    import subprocess
+    import sys
+
+    fn = tmp_path / "my_reward.py"
+    fn.write_text(
+        "from tba_ext.tasks.rewards import compute_score\n"
+        "def as_dict(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': compute_score(data_source, solution_str, ground_truth, extra_info), 'acc': 1}\n"
+        "async def digits(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(any(c.isdigit() for c in solution_str))\n")
+
+    def evaluate(*extra):
+        out = subprocess.run([sys.executable, "-m", "tba_ext.cli", "evaluate", "--model", str(tiny_run / "model"),
+                              "--data", str(tiny_run / "data" / "test.parquet"), "--max-new-tokens", "8", *extra],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out[out.index("{"):])
+
+    built_in = evaluate()
+    assert evaluate("--reward-fn", f"{fn}:as_dict")["accuracy"] == built_in["accuracy"]
+    digits = evaluate("--reward-fn", f"{fn}:digits")["accuracy"]
+    assert digits >= built_in["accuracy"] and digits > 0  # a correct answer has digits; a wrong one may too
+    with pytest.raises(subprocess.CalledProcessError):
+        evaluate("--reward-fn", str(fn))  # no :NAME

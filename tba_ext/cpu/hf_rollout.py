@@ -10,6 +10,7 @@ server collects every request that arrives while a batch is generating and runs 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,9 @@ from typing import Any, Generator, Optional
 
 import ray
 import torch
+
+from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
@@ -35,6 +39,7 @@ class _Request:
     temperature: float
     top_p: float
     top_k: int
+    seed: int
     future: asyncio.Future = field(repr=False)
 
     @property
@@ -51,12 +56,33 @@ def _trace(record: dict) -> None:
             f.write(json.dumps(dict(record, time=time.time(), pid=os.getpid())) + "\n")
 
 
+def request_seed(server_seed: int, prompt_ids: list[int], occurrence: int) -> int:
+    """The sampling seed of the ``occurrence``-th request (from 0) for this prompt on this server."""
+    digest = hashlib.blake2b(repr((server_seed, tuple(prompt_ids), occurrence)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class _SeededSampling(LogitsProcessor):
+    """Draws each row's next token with that request's own generator, then hands HF a one-hot score so its
+    multinomial keeps exactly that token. A request's sample then depends on its seed only, never on which
+    other requests share its batch (vLLM's per-request seed): with one replica, the same prompts give the same
+    rollouts however the trainer is laid out (the data-parallel equivalence test relies on it)."""
+
+    def __init__(self, generators: list[torch.Generator]):
+        self.generators = generators
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(scores.float(), dim=-1)
+        picks = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        return torch.full_like(scores, float("-inf")).scatter_(1, picks.unsqueeze(1), 0.0)
+
+
 def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token_ids: set[int]) -> list[dict]:
     """Left-pad the prompts, sample with HF ``generate`` and return per-request tokens and log-probs.
 
-    All requests share temperature/top-p/top-k (the caller groups them). Log-probs are those of the
-    sampled token under log_softmax(logits / T) (T = 1 for greedy), which is what verl's trainer
-    recomputes as old_log_prob at the same temperature.
+    All requests share temperature/top-p/top-k (the caller groups them); each samples with its own seed.
+    Log-probs are those of the sampled token under log_softmax(logits / T) (T = 1 for greedy), which is what
+    verl's trainer recomputes as old_log_prob at the same temperature.
     """
     width = max(len(r.prompt_ids) for r in requests)
     input_ids = torch.full((len(requests), width), pad_token_id, dtype=torch.long)
@@ -68,7 +94,14 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
     greedy = temperature <= 0
     kwargs: dict[str, Any] = dict(do_sample=not greedy)
     if not greedy:
-        kwargs.update(temperature=temperature, top_p=requests[0].top_p, top_k=requests[0].top_k or 0)
+        # HF puts its own warpers after custom processors, so the warpers are given here, before the sampler
+        warpers = [TemperatureLogitsWarper(temperature)]
+        if requests[0].top_k:
+            warpers.append(TopKLogitsWarper(requests[0].top_k))
+        if requests[0].top_p < 1.0:
+            warpers.append(TopPLogitsWarper(requests[0].top_p))
+        sampler = _SeededSampling([torch.Generator().manual_seed(r.seed) for r in requests])
+        kwargs.update(temperature=1.0, top_p=1.0, top_k=0, logits_processor=LogitsProcessorList([*warpers, sampler]))
     with torch.no_grad():
         out = model.generate(
             input_ids=input_ids,
@@ -125,7 +158,8 @@ class HFCPUServer:
         self.batches = 0
         self.batch_sizes: list[int] = []
         self.generated = 0
-        torch.manual_seed(seed)
+        self.seed = seed
+        self.prompt_requests: dict[tuple, int] = {}  # requests per prompt so far: a request's seed (request_seed)
         self.loop_task = None
         self._load_published_weights()
 
@@ -200,6 +234,7 @@ class HFCPUServer:
             temperature=float(params.get("temperature", 1.0)),
             top_p=float(params.get("top_p", 1.0)),
             top_k=max(int(params.get("top_k") or 0), 0),  # verl's -1 / None mean "no top-k"; HF's is 0
+            seed=request_seed(self.seed, prompt_ids, self._occurrence(prompt_ids)),
             future=asyncio.get_running_loop().create_future(),
         )
         self.pending.append(request)
@@ -211,6 +246,11 @@ class HFCPUServer:
             stop_reason="completed",
             extra_fields={"global_steps": version, "finish_reason": res["stop"]},
         )
+
+    def _occurrence(self, prompt_ids: list[int]) -> int:
+        key = tuple(prompt_ids)
+        self.prompt_requests[key] = self.prompt_requests.get(key, -1) + 1
+        return self.prompt_requests[key]
 
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int]) -> dict:
         """Receive new weights: checked now, applied now if no batch runs, else right after it (never under a
