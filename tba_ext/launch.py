@@ -86,14 +86,22 @@ def preflight(cfg) -> None:
 CLUSTER_OWNED_RAY_KEYS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "_system_config")
 
 
-def ray_overrides(cfg, ray_tmp: str) -> list[str]:
-    """Alone, a run starts its own one-node Ray in a private temp dir. Given a cluster to join
-    (``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``, e.g. nodes started with ``ray start``), it joins it and
-    the config's resource keys, which ray.init would refuse, are dropped: the nodes declared their resources."""
+def ray_overrides(cfg, ray_tmp: str, worker_env: dict[str, str]) -> list[str]:
+    """Alone, a run starts its own one-node Ray in a private temp dir, whose workers inherit the launcher's
+    environment. Given a cluster to join (``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``, e.g. nodes started
+    with ``ray start``), it joins it: the config's resource keys, which ray.init would refuse, are dropped (the
+    nodes declared their resources), and what the launcher adds to the environment (``worker_env``) reaches the
+    workers through the job's runtime_env, since they are children of the nodes, not of this process."""
     ray_init = cfg.get("ray_kwargs", {}).get("ray_init", {}) or {}
     if ray_init.get("address") or os.environ.get("RAY_ADDRESS"):
-        return [f"~ray_kwargs.ray_init.{key}" for key in CLUSTER_OWNED_RAY_KEYS if ray_init.get(key) is not None]
+        return ([f"~ray_kwargs.ray_init.{key}" for key in CLUSTER_OWNED_RAY_KEYS if ray_init.get(key) is not None]
+                + [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}='{_quoted(v)}'" for k, v in sorted(worker_env.items())])
     return [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
+
+
+def _quoted(value: str) -> str:
+    """A value inside a single-quoted Hydra override string."""
+    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 # Defaults for verl's process tree, each applied only where the user's environment does not set it.
@@ -132,20 +140,23 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     cfg = compose(config_name, overrides)
     preflight(cfg)
     ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
+    from tba_ext.cpu.runtime import cpu_runtime_active
+
+    env = launch_env(os.environ, cpu_host=cpu_runtime_active(), extra=extra_env)
+    logger = []
+    if metrics_path:
+        env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
+        logger = ["trainer.logger=[console,file]"]
+    added = {k: v for k, v in env.items() if os.environ.get(k) != v}
     config_dir, name, extra = config_location(config_name)
     cmd = [
         sys.executable, "-m", "verl.trainer.main_ppo",
         "--config-path", config_dir, "--config-name", name,
         *extra, *overrides,
-        *ray_overrides(cfg, ray_tmp),
+        *ray_overrides(cfg, ray_tmp, added),
         f"hydra.run.dir={ray_tmp}/hydra",  # not ./outputs/<date> in the caller's working directory
+        *logger,
     ]
-    from tba_ext.cpu.runtime import cpu_runtime_active
-
-    env = launch_env(os.environ, cpu_host=cpu_runtime_active(), extra=extra_env)
-    if metrics_path:
-        env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
-        cmd.append("trainer.logger=[console,file]")
     total = int(cfg.trainer.total_training_steps or 0)
     progress = _Progress(total)
     log = open(log_path, "w") if log_path else None

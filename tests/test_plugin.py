@@ -145,3 +145,24 @@ def test_train_config_may_be_the_users_yaml_composed_with_ours(tmp_path):
         compose(str(tmp_path / "no_such.yaml"), [])
     with pytest.raises(ValueError, match="unknown config 'cpu_nope'"):
         compose("cpu_nope", [])
+
+
+def test_joining_a_ray_cluster_drops_the_resource_keys_and_carries_the_launchers_environment(monkeypatch):
+    """With ``ray_kwargs.ray_init.address`` the run joins that cluster: ray.init would refuse num_cpus/num_gpus/
+    object_store_memory, and the workers (children of the cluster's nodes) get the launcher's additions to the
+    environment through the runtime_env. verl's composed config must accept the overrides."""
+    from omegaconf import OmegaConf
+
+    from tba_ext.launch import compose, ray_overrides
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    alone = compose("cpu_tb", [])
+    assert ray_overrides(alone, "/tmp/x", {"A": "1"}) == ["+ray_kwargs.ray_init._temp_dir=/tmp/x"]
+    joined = compose("cpu_tb", ["+ray_kwargs.ray_init.address=10.0.0.1:6379"])
+    extra = ray_overrides(joined, "/tmp/x", {"VERL_FILE_LOGGER_PATH": "/runs/it's/m.jsonl", "OMP_NUM_THREADS": "1"})
+    ray_init = OmegaConf.to_container(compose("cpu_tb", ["+ray_kwargs.ray_init.address=10.0.0.1:6379", *extra]))[
+        "ray_kwargs"]["ray_init"]
+    assert not {"num_cpus", "num_gpus", "object_store_memory"} & set(ray_init)
+    assert ray_init["address"] == "10.0.0.1:6379" and ray_init["include_dashboard"] is False
+    assert ray_init["runtime_env"]["env_vars"] == {"VERL_FILE_LOGGER_PATH": "/runs/it's/m.jsonl",
+                                                   "OMP_NUM_THREADS": "1"}

@@ -1,0 +1,136 @@
+"""A two-node Ray cluster on one host, started the way a cluster user starts one (``ray start`` per node, own
+ports and resources), and decoupled TBA joining it: the trainer on one node, the searcher on the other, weights
+crossing nodes through Ray's object store; stopping the nodes leaves no process behind.
+
+Each node is ``ray start --block``, so its daemons and workers stay in its process tree and the test stops
+exactly what it started (never ``ray stop``, which would stop every Ray on the machine)."""
+
+import json
+import os
+import signal
+import socket
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+import ray
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_node(env, tmp_path, ray_tmp, gcs_address, head: bool, worker_ports: int):
+    """One Ray node; two on one host need their own ports (on real machines the defaults do)."""
+    args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block", f"--temp-dir={ray_tmp}",
+            "--num-cpus=8", "--num-gpus=1", "--object-store-memory=200000000",
+            "--disable-usage-stats", f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+            f"--min-worker-port={worker_ports}", f"--max-worker-port={worker_ports + 99}",
+            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+    if head:
+        args += ["--head", f"--port={gcs_address.rsplit(':', 1)[1]}", "--include-dashboard=false",
+                 f"--ray-client-server-port={free_port()}"]
+    else:
+        args += [f"--address={gcs_address}"]
+    log = open(tmp_path / f"node_{'head' if head else 'worker'}.log", "w")
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def tree(proc) -> list[psutil.Process]:
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def titles(procs) -> str:
+    out = []
+    for p in procs:
+        try:
+            out.append(" ".join(p.cmdline()))
+        except psutil.Error:
+            pass
+    return "\n".join(out)
+
+
+def test_decoupled_tba_on_a_two_node_cluster_trainer_and_searcher_on_different_nodes(tiny_run, tmp_path):
+    trace = tmp_path / "rollout_trace.jsonl"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1",
+               TBA_EXT_ROLLOUT_TRACE=str(trace))
+    env.pop("RAY_ADDRESS", None)
+    gcs_address = f"{ray.util.get_node_ip_address()}:{free_port()}"
+    ray_tmp = tempfile.mkdtemp(prefix="tba_mn_", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    base = 40000 + (os.getpid() % 100) * 200
+    head = start_node(env, tmp_path, ray_tmp, gcs_address, head=True, worker_ports=base)
+    nodes = [head]
+    seen: set[psutil.Process] = set()
+    try:
+        time.sleep(5)
+        nodes.append(start_node(env, tmp_path, ray_tmp, gcs_address, head=False, worker_ports=base + 100))
+        deadline = time.time() + 120
+        while "2.0 GPU" not in (status := subprocess.run(
+                [os.path.join(os.path.dirname(sys.executable), "ray"), "status", f"--address={gcs_address}"],
+                env=env, capture_output=True, text=True).stdout):
+            assert time.time() < deadline, f"the two nodes did not join:\n{status}"
+            assert all(n.poll() is None for n in nodes), (tmp_path / "node_worker.log").read_text()[-2000:]
+            time.sleep(2)
+
+        metrics = tmp_path / "metrics.jsonl"
+        run = subprocess.Popen(
+            [sys.executable, "-m", "tba_ext.cli", "train", "--config", "cpu_tba_decoupled",
+             "--log", str(tmp_path / "verl.log"), "--metrics", str(metrics), f"run_dir={tiny_run}",
+             f"+ray_kwargs.ray_init.address={gcs_address}", "trainer.total_training_steps=4"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        placement = {}
+        while run.poll() is None:  # where verl placed the trainer and the searcher
+            for name, node in (("head", head), ("worker", nodes[1])):
+                procs = tree(node)
+                seen.update(procs)
+                text = titles(procs)
+                for role, marker in (("trainer", "WorkerDict"), ("searcher", "HFCPUServer")):
+                    if marker in text:
+                        placement.setdefault(role, set()).add(name)
+            time.sleep(2)
+        out = run.stdout.read()
+        assert run.returncode == 0, out[-3000:]
+
+        records = [json.loads(line)["data"] for line in open(metrics)]
+        assert len(records) == 4
+        assert placement.get("trainer") and placement.get("searcher"), placement
+        assert len(placement["trainer"]) == 1 and placement["trainer"].isdisjoint(placement["searcher"]), placement
+        # weights crossed nodes: the searcher (on the other node) served versions the trainer published
+        versions = [e["global_steps"] for e in map(json.loads, trace.read_text().splitlines())
+                    if e["event"] == "weights"]
+        assert versions and max(versions) >= 2, versions
+    finally:
+        for node in reversed(nodes):
+            seen.update(tree(node))
+            if node.poll() is None:
+                node.send_signal(signal.SIGTERM)
+        for node in nodes:
+            try:
+                node.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                node.kill()
+    # a clean stop: nothing the two nodes started is left running
+    deadline = time.time() + 30
+    while (left := [p for p in seen if alive(p)]) and time.time() < deadline:
+        time.sleep(1)
+    assert not left, titles(left)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
