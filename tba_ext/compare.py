@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from tba_ext import report
+from tba_ext.core.settings import hf_model_dir
 from tba_ext.evaluate import greedy_accuracy
 from tba_ext.launch import run_verl
 from tba_ext.quickstart import STALL_TIMEOUT_S, prepare
@@ -114,7 +115,7 @@ def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), metho
                          log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics,
                          stall_timeout=STALL_TIMEOUT_S)
                 wall = time.time() - start
-                after = greedy_accuracy(f"{ckpt}/global_step_{steps}/actor/huggingface",
+                after = greedy_accuracy(hf_model_dir(ckpt, steps),
                                         f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)
                 shutil.rmtree(ckpt, ignore_errors=True)
                 records = report.add_elapsed(report.read_metrics(metrics))

@@ -6,9 +6,11 @@ import importlib.metadata as md
 
 
 def expected_registrations() -> dict[str, list[str]]:
+    from tba_ext.core.settings import TB_MODES
+
     return {
-        "policy_loss": ["tb", "tb_pg"],
-        "adv_estimator": ["tb", "tb_pg"],
+        "policy_loss": list(TB_MODES),
+        "adv_estimator": list(TB_MODES),
         "rollout": ["hfcpu"],
         "trainer_mode": ["tba_sync", "tba_colocate_async", "tba_separate_async"],
         "checkpoint_engine": ["ray_object_store"],

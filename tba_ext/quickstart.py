@@ -15,6 +15,7 @@ import shutil
 import time
 
 from tba_ext import report
+from tba_ext.core.settings import hf_model_dir
 from tba_ext.evaluate import greedy_accuracy
 from tba_ext.launch import run_verl
 from tba_ext.models import ModelSpec, make_model
@@ -74,7 +75,7 @@ def quickstart(run_dir: str, short: bool = False, seed: int = 0, overrides: list
     rl_seconds = time.time() - t_rl
 
     print("[5/5] evaluating and writing the report", flush=True)
-    hf_dir = f"{run_dir}/checkpoints/global_step_{p['rl_steps']}/actor/huggingface"
+    hf_dir = hf_model_dir(f"{run_dir}/checkpoints", p["rl_steps"])
     final_model = f"{run_dir}/model_tba"
     shutil.copytree(hf_dir, final_model)
     after = greedy_accuracy(final_model, f"{run_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)

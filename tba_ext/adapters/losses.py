@@ -19,17 +19,14 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
 
 from tba_ext.core import tb
-from tba_ext.core.settings import IS_RATIO_MAX
+from tba_ext.core.settings import IS_RATIO_MAX, TB_MODES, checked_beta
 
 # Driver-side metrics produced by the estimators; the TBA trainer mode moves them into verl's stream.
 ESTIMATOR_METRICS: dict[str, float] = {}
 
 
 def _kl_coef(config) -> float:
-    beta = float(config.kl_ctrl.kl_coef)
-    if not beta > 0:
-        raise ValueError(f"algorithm.kl_ctrl.kl_coef is beta for TB and must be > 0, got {beta}")
-    return beta
+    return checked_beta(config.kl_ctrl.kl_coef)
 
 
 def _sequence_advantage(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -157,5 +154,4 @@ def compute_policy_loss_tb_pg(
     return loss, metrics
 
 
-LOSS_NAMES = ("tb", "tb_pg")
-ESTIMATOR_NAMES = ("tb", "tb_pg")
+LOSS_NAMES = ESTIMATOR_NAMES = TB_MODES

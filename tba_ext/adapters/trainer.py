@@ -36,7 +36,7 @@ from verl.utils.ray_utils import auto_await
 
 from tba_ext.adapters import losses
 from tba_ext.core import tb
-from tba_ext.core.settings import check_tba_run, updates_per_step
+from tba_ext.core.settings import check_tba_run, step_folder, updates_per_step
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class TBATrainerMixin:
     def _save_checkpoint(self):
         # written before verl's tracker file, so a crash mid-save leaves the previous checkpoint current
         if hasattr(self.replay_buffer, "save_store"):
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            folder = step_folder(self.config.trainer.default_local_dir, self.global_steps)
             os.makedirs(folder, exist_ok=True)
             self.replay_buffer.save_store(os.path.join(folder, REPLAY_FILE))
         super()._save_checkpoint()
@@ -215,7 +215,7 @@ class TBATrainerMixin:
     def _load_checkpoint(self):
         super()._load_checkpoint()
         if self.global_steps > 0 and hasattr(self.replay_buffer, "load_store"):
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            folder = step_folder(self.config.trainer.default_local_dir, self.global_steps)
             if not os.path.isabs(folder):
                 folder = os.path.join(os.getcwd(), folder)
             path = os.path.join(folder, REPLAY_FILE)

@@ -7,6 +7,7 @@ separate_async; train_batch_size / ppo_mini_batch_size x ppo_epochs in general).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
@@ -128,6 +129,27 @@ def parse_settings(node: Mapping[str, Any] | None) -> TBASettings:
     return settings
 
 
+# The loss modes / advantage estimators tba-ext registers with verl (adapters.losses, checked by doctor)
+TB_MODES = ("tb", "tb_pg")
+
+
+def checked_beta(beta) -> float:
+    """TB's beta is verl's algorithm.kl_ctrl.kl_coef; the residuals divide by it."""
+    if beta is None or not float(beta) > 0:
+        raise ValueError(f"algorithm.kl_ctrl.kl_coef is TB's beta and must be > 0, got {beta}")
+    return float(beta)
+
+
+def step_folder(default_local_dir: str, global_step: int) -> str:
+    """verl's checkpoint folder of a global step (``trainer.default_local_dir``/global_step_N)."""
+    return os.path.join(default_local_dir, f"global_step_{global_step}")
+
+
+def hf_model_dir(default_local_dir: str, global_step: int) -> str:
+    """The Hugging Face copy verl saves with ``checkpoint.save_contents`` including hf_model."""
+    return os.path.join(step_folder(default_local_dir, global_step), "actor", "huggingface")
+
+
 def check_tb_run(cfg: Mapping[str, Any]) -> None:
     """Refuse verl settings that break the TB estimator. ``cfg`` is the full verl config as nested dicts."""
     algo = cfg["algorithm"]
@@ -135,17 +157,15 @@ def check_tb_run(cfg: Mapping[str, Any]) -> None:
     rollout = cfg["actor_rollout_ref"]["rollout"]
     estimator = algo.get("adv_estimator")
     loss_mode = actor.get("policy_loss", {}).get("loss_mode")
-    tb_estimator = estimator in ("tb", "tb_pg")
-    if loss_mode in ("tb", "tb_pg") and estimator != loss_mode:
+    tb_estimator = estimator in TB_MODES
+    if loss_mode in TB_MODES and estimator != loss_mode:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} needs algorithm.adv_estimator={loss_mode}, "
             f"got {estimator}"
         )
     if not tb_estimator:
         return
-    beta = algo.get("kl_ctrl", {}).get("kl_coef")
-    if beta is None or not float(beta) > 0:
-        raise ValueError(f"algorithm.kl_ctrl.kl_coef is TB's beta and must be > 0, got {beta}")
+    checked_beta(algo.get("kl_ctrl", {}).get("kl_coef"))
     if not algo.get("use_kl_in_reward", False):
         raise ValueError("TB needs algorithm.use_kl_in_reward=True (the reference log-probs enter through it)")
     if algo.get("kl_penalty", "kl") != "kl":
