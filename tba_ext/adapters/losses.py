@@ -35,7 +35,9 @@ def _sequence_advantage(advantages: torch.Tensor, response_mask: torch.Tensor) -
     return (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
 
 
-def _group_centred(token_level_rewards, response_mask, index, config, scale_by_inverse_beta: bool):
+def _tb_estimator(token_level_rewards, response_mask, index, config, pg_units: bool):
+    """Unpack verl's (B, T) KL-in-reward token rewards into per-trajectory scores S = r - beta * KL and make the
+    core call; the sequence advantage is broadcast back over the response tokens."""
     beta = _kl_coef(config)
     if index is None:
         raise ValueError("the tb estimators need prompt uids (verl's 'uid' field) to form groups")
@@ -44,37 +46,25 @@ def _group_centred(token_level_rewards, response_mask, index, config, scale_by_i
     # shared uid): they get advantage 0 and stay out of the statistics
     real = mask.sum(-1) > 0
     groups = tb.group_ids([uid for uid, keep in zip(index, real.tolist()) if keep])
-    if (torch.bincount(groups) == 1).any():
-        raise ValueError(
-            "TB needs at least 2 responses per prompt group (actor_rollout_ref.rollout.n >= 2); "
-            "found a group with one response"
-        )
-    score = (token_level_rewards * mask).sum(-1)[real]  # S = r - beta * KL_seq
-    centred = tb.group_centred(score, groups)
+    advantage, stats = tb.tb_advantage((token_level_rewards * mask).sum(-1)[real], groups, beta, pg_units)
     seq_adv = torch.zeros(mask.shape[0], dtype=mask.dtype, device=mask.device)
-    seq_adv[real] = centred / beta if scale_by_inverse_beta else centred
+    seq_adv[real] = advantage
     ESTIMATOR_METRICS.clear()
-    ESTIMATOR_METRICS.update(
-        {
-            "tb/beta": beta,
-            "tb/log_z": float(((score - centred) / beta).mean()) if real.any() else 0.0,
-            "tb/mean_abs_advantage": float(seq_adv[real].abs().mean()) if real.any() else 0.0,
-        }
-    )
+    ESTIMATOR_METRICS.update({"tb/beta": beta, **{f"tb/{name}": value for name, value in stats.items()}})
     return seq_adv.unsqueeze(-1) * mask
 
 
 @register_adv_est("tb")
 def compute_tb_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """A_ij = (S_ij - mean_j S_ij) / beta, broadcast over response tokens. Returns (advantages, returns)."""
-    adv = _group_centred(token_level_rewards, response_mask, index, config, scale_by_inverse_beta=True)
+    adv = _tb_estimator(token_level_rewards, response_mask, index, config, pg_units=False)
     return adv, adv
 
 
 @register_adv_est("tb_pg")
 def compute_tb_pg_advantage(token_level_rewards, response_mask, index=None, config=None, **kwargs):
     """TBA' advantage (r - r_bar) - beta (KL - KL_bar) = beta * A_tb, broadcast over response tokens."""
-    adv = _group_centred(token_level_rewards, response_mask, index, config, scale_by_inverse_beta=False)
+    adv = _tb_estimator(token_level_rewards, response_mask, index, config, pg_units=True)
     return adv, adv
 
 
@@ -139,7 +129,7 @@ def compute_policy_loss_tb_pg(
                          "and actor_rollout_ref.rollout.calculate_log_probs=True")
     mask = response_mask.to(log_prob.dtype)
     is_ratio_max = _loss_field(config, "is_ratio_max", IS_RATIO_MAX)
-    ratio = (torch.exp(log_prob - old_log_prob) * rollout_is_weights).detach()
+    ratio = tb.rollout_ratio(log_prob, old_log_prob, rollout_is_weights)
     loss_mat = tb.tb_pg_loss_matrix(log_prob, advantages, ratio, is_ratio_max)
     global_batch_info = getattr(config, "global_batch_info", None) or {}
     loss = agg_loss(loss_mat, mask, loss_agg_mode, **global_batch_info)

@@ -35,45 +35,26 @@ def group_mean(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return (sums / counts)[groups]
 
 
-def group_centred(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """``values`` minus the mean of their group."""
-    return values - group_mean(values, groups)
+def tb_advantage(score: torch.Tensor, groups: torch.Tensor, beta: float,
+                 pg_units: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+    """Group-centred KL-regularised advantage of TB (App. A), in units of 1/beta, with its statistics.
 
-
-def vargrad_tb_loss(
-    policy_seq_logprob: torch.Tensor,
-    ref_seq_logprob: torch.Tensor,
-    reward: torch.Tensor,
-    groups: torch.Tensor,
-    beta: float,
-) -> torch.Tensor:
-    """VarGrad trajectory balance, eq. 5 of the paper, computed directly.
-
-    1. residuals delta = l_theta - l_ref - r / beta
-    2. log Z per group = -mean(delta) over the group, detached (VarGrad estimate)
-    3. squared residual (log Z + delta)^2
-    4. mean over all trajectories (= mean over groups of the within-group variance for equal K)
-    """
-    delta = policy_seq_logprob - ref_seq_logprob - reward / beta
-    log_z = -group_mean(delta, groups).detach()
-    return ((log_z + delta) ** 2).mean()
-
-
-def tb_advantage(
-    reward: torch.Tensor,
-    kl_seq: torch.Tensor,
-    groups: torch.Tensor,
-    beta: float,
-) -> torch.Tensor:
-    """Group-centred KL-regularised advantage of TB (App. A), in units of 1/beta.
-
-    With S = r - beta * kl (kl = l_old - l_ref, the k1 sequence KL at the step-start policy):
+    ``score`` is S = r - beta * kl per trajectory (kl = l_old - l_ref, the k1 sequence KL at the step-start
+    policy: verl's KL-in-reward token rewards summed over the response). Then
         A = (S - mean_group S) / beta = (r - r_bar) / beta - (kl - kl_bar)
-    Then ``tb_loss_from_advantage`` equals eq. 5 with log Z fixed at its step-start estimate, and
-    beta * A is the TBA' policy-gradient advantage (r - r_bar) - beta (KL - KL_bar).
+    and ``tb_loss_from_advantage`` equals eq. 5 with log Z fixed at its step-start VarGrad estimate
+    log Z_i = -mean_j delta_ij = mean_j S_ij / beta. ``pg_units`` returns beta * A, the TBA' policy-gradient
+    advantage (r - r_bar) - beta (kl - kl_bar). Statistics: ``log_z`` (mean over trajectories of log Z_i) and
+    ``mean_abs_advantage``. A group of one trajectory has no variance to balance and is refused.
     """
-    score = reward - beta * kl_seq
-    return (score - group_mean(score, groups)) / beta
+    if score.numel() and (torch.bincount(groups) == 1).any():
+        raise ValueError("TB needs at least 2 responses per prompt group (actor_rollout_ref.rollout.n >= 2); "
+                         "found a group with one response")
+    group_score = group_mean(score, groups) if score.numel() else score
+    advantage = (score - group_score) / (1.0 if pg_units else beta)
+    stats = {"log_z": float((group_score / beta).mean()) if score.numel() else 0.0,
+             "mean_abs_advantage": float(advantage.abs().mean()) if score.numel() else 0.0}
+    return advantage, stats
 
 
 def tb_loss_from_advantage(
@@ -86,6 +67,14 @@ def tb_loss_from_advantage(
     mean-baseline REINFORCE on the KL-regularised reward (App. A).
     """
     return (policy_seq_logprob - old_seq_logprob - advantage) ** 2
+
+
+def rollout_ratio(token_logprob: torch.Tensor, old_token_logprob: torch.Tensor,
+                  old_over_rollout: torch.Tensor) -> torch.Tensor:
+    """pi_theta / pi_rollout per token, against the policy that generated the trajectory (the searcher's, which
+    may be several updates stale): pi_theta / pi_old x pi_old / pi_rollout, the second factor being verl's rollout
+    importance weight from the searcher's own log-probs. Detached: it weights the gradient, it is not one."""
+    return (torch.exp(token_logprob - old_token_logprob) * old_over_rollout).detach()
 
 
 def tb_pg_loss_matrix(
