@@ -20,8 +20,8 @@ import os
 import statistics
 import time
 
-from tba_ext import report
-from tba_ext.launch import run_verl
+from tba_ext.tools import report
+from tba_ext.tools.launch import run_verl
 
 from common import parse_args, prepare_run
 

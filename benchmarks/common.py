@@ -3,9 +3,9 @@
 import argparse
 import os
 
-from tba_ext.models import ModelSpec, make_model
+from tba_ext.tools.models import ModelSpec, make_model
 from tba_ext.tasks.data import corpus_for, write_task
-from tba_ext.warmstart import warm_start
+from tba_ext.tools.warmstart import warm_start
 
 
 def parse_args(name: str, steps: int, extra=None):

@@ -1,5 +1,5 @@
 """The evidence grid (issue 14): TB, TBA' and Dr. GRPO x staleness {0, 4, 10} x seeds {0, 1, 2} on the CPU recipe
-(tba_ext/recipe.py), each run from the same warm start per seed. Hours on 2 cores.
+(tba_ext/tools/recipe.py), each run from the same warm start per seed. Hours on 2 cores.
 
     python benchmarks/compare_grid.py [--seeds 0 1 2] [--staleness 0 4 10] [--steps 60]
 
@@ -12,8 +12,8 @@ and the run folder's report.md with held-out accuracy vs updates and vs wall-clo
 
 import argparse
 
-from tba_ext.compare import compare, merge
-from tba_ext.recipe import METHODS
+from tba_ext.tools.compare import compare, merge
+from tba_ext.tools.recipe import METHODS
 
 
 def main():

@@ -17,8 +17,9 @@ import time
 import numpy as np
 import psutil
 
-from tba_ext import report
-from tba_ext.launch import children, cmdline, run_verl, session_pids
+from tba_ext.tools import report
+from tba_ext.tools.launch import run_verl
+from tba_ext.tools.processes import children, cmdline, session_pids
 
 from common import parse_args, prepare_run
 

@@ -14,9 +14,9 @@ import json
 import os
 import statistics
 
-from tba_ext import report
-from tba_ext.compare import interval95
-from tba_ext.quickstart import quickstart
+from tba_ext.tools import report
+from tba_ext.tools.compare import interval95
+from tba_ext.tools.quickstart import quickstart
 
 
 def main():

@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")  # vLLM-CPU binds its th
 import asyncio  # noqa: E402
 import time  # noqa: E402
 
-from tba_ext import report  # noqa: E402
+from tba_ext.tools import report  # noqa: E402
 
 from common import parse_args, prepare_run  # noqa: E402
 

@@ -9,7 +9,7 @@ import sys
 
 
 def cmd_doctor(args) -> int:
-    from tba_ext.doctor import report
+    from tba_ext.tools.doctor import report
 
     ok, lines = report()
     print("\n".join(lines))
@@ -25,7 +25,7 @@ def cmd_prepare_data(args) -> int:
 
 
 def cmd_make_model(args) -> int:
-    from tba_ext.models import ModelSpec, make_model
+    from tba_ext.tools.models import ModelSpec, make_model
     from tba_ext.tasks.data import corpus_for
 
     texts = corpus_for(args.task, args.seed, args.source)
@@ -36,7 +36,7 @@ def cmd_make_model(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from tba_ext import evaluate
+    from tba_ext.tools import evaluate
 
     if args.reward_fn:  # the user's own verl reward function, whatever the task
         result = evaluate.greedy_accuracy(args.model, args.data, args.max_new_tokens, limit=args.limit,
@@ -53,7 +53,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from tba_ext.launch import run_verl
+    from tba_ext.tools.launch import run_verl
 
     overrides = list(args.overrides)
     if args.run_dir:
@@ -63,14 +63,14 @@ def cmd_train(args) -> int:
 
 
 def cmd_quickstart(args) -> int:
-    from tba_ext.quickstart import quickstart
+    from tba_ext.tools.quickstart import quickstart
 
     quickstart(args.run_dir, short=args.short, seed=args.seed, overrides=args.overrides)
     return 0
 
 
 def cmd_compare(args) -> int:
-    from tba_ext.compare import compare
+    from tba_ext.tools.compare import compare
 
     compare(args.run_dir, short=args.short, seeds=args.seeds, staleness=args.staleness, methods=args.methods,
             steps=args.steps, eval_every=args.eval_every, results_path=args.results)

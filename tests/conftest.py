@@ -13,9 +13,9 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A tiny offline model, the arith data and a short supervised warm start: shared by the tests."""
-    from tba_ext.models import ModelSpec, make_model
+    from tba_ext.tools.models import ModelSpec, make_model
     from tba_ext.tasks.data import corpus_for, write_task
-    from tba_ext.warmstart import warm_start
+    from tba_ext.tools.warmstart import warm_start
 
     root = tmp_path_factory.mktemp("tiny_run")
     make_model(str(root / "model_init"), corpus_for("arith", 0), ModelSpec(size="tiny", seed=0))

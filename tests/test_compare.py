@@ -6,10 +6,10 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from tba_ext.compare import compare, interval95
+from tba_ext.tools.compare import compare, interval95
 from tba_ext.core.settings import check_replay_run, check_tb_run
-from tba_ext.launch import compose
-from tba_ext.recipe import METHODS, method_overrides
+from tba_ext.tools.config import compose
+from tba_ext.tools.recipe import METHODS, method_overrides
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -66,7 +66,7 @@ def _part(seed: int, gain: float) -> dict:
 
 
 def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_path):
-    from tba_ext.compare import merge
+    from tba_ext.tools.compare import merge
 
     paths = []
     for seed, gain in [(0, 0.1), (1, 0.3)]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tba_ext.launch import run_verl
+from tba_ext.tools.launch import run_verl
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tba_ext.launch import children, cmdline, session_pids
+from tba_ext.tools.processes import children, cmdline, session_pids
 
 pytestmark = pytest.mark.e2e
 

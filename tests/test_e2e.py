@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tba_ext.adapters.trainer import REPLAY_FILE
-from tba_ext.launch import run_verl
+from tba_ext.tools.launch import run_verl
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_
 
     from tba_ext.core.replay import load_checked
     from tba_ext.core.tb import beta_at_step, first_update
-    from tba_ext.launch import children, cmdline, session_pids
+    from tba_ext.tools.processes import children, cmdline, session_pids
 
     def steps_logged(path):
         return read_metrics(path) if os.path.exists(path) else []

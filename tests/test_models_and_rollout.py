@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tba_ext.models import ModelSpec, check_model_dir, make_model
+from tba_ext.tools.models import ModelSpec, check_model_dir, make_model
 
 
 def test_make_model_is_deterministic_and_qwen_chat_ready(tmp_path):

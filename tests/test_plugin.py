@@ -11,7 +11,7 @@ import pytest
 def test_registrations_visible_inside_a_ray_worker():
     import ray
 
-    from tba_ext.doctor import expected_registrations
+    from tba_ext.tools.doctor import expected_registrations
 
     tmp = tempfile.mkdtemp(prefix="tba_ray_t_", dir="/tmp")
     ray.init(num_cpus=1, include_dashboard=False, object_store_memory=100_000_000, _temp_dir=tmp,
@@ -19,7 +19,7 @@ def test_registrations_visible_inside_a_ray_worker():
     try:
         @ray.remote
         def registries_in_worker():
-            from tba_ext.doctor import registered_in_verl  # reads verl's registries only
+            from tba_ext.tools.doctor import registered_in_verl  # reads verl's registries only
 
             return os.getpid(), registered_in_verl()
 
@@ -104,7 +104,7 @@ def test_vllm_cpu_is_seen_as_vllm_with_a_cpu_tag(tmp_path, monkeypatch):
 
 def test_vllm_rollout_on_cpu_is_refused_without_vllm_cpu_or_with_a_bad_head_size(tmp_path):
     from tba_ext.cpu import vllm_cpu
-    from tba_ext.models import ModelSpec, make_model
+    from tba_ext.tools.models import ModelSpec, make_model
 
     make_model(str(tmp_path / "m"), ["a b c"] * 10, ModelSpec(size="tiny", vocab_size=300))
     expected = "attention head size 16" if vllm_cpu.vllm_cpu_installed() else "needs the vllm-cpu build"
@@ -113,7 +113,7 @@ def test_vllm_rollout_on_cpu_is_refused_without_vllm_cpu_or_with_a_bad_head_size
 
 
 def test_the_launcher_keeps_what_the_user_set_and_adds_cpu_defaults_only_on_cpu():
-    from tba_ext.launch import launch_env
+    from tba_ext.tools.launch import launch_env
 
     user = {"WANDB_MODE": "online", "HF_HUB_OFFLINE": "0", "OMP_NUM_THREADS": "8", "PATH": "/bin"}
     gpu = launch_env(user, cpu_host=False)
@@ -131,7 +131,7 @@ def test_train_config_may_be_the_users_yaml_composed_with_ours(tmp_path):
     ppo_trainer.yaml); a missing file or unknown name is refused naming it."""
     from omegaconf import OmegaConf
 
-    from tba_ext.launch import compose
+    from tba_ext.tools.config import compose
 
     (tmp_path / "my_tb.yaml").write_text(
         "defaults:\n  - cpu_tba\n  - _self_\n"
@@ -153,7 +153,8 @@ def test_joining_a_ray_cluster_drops_the_resource_keys_and_carries_the_launchers
     environment through the runtime_env. verl's composed config must accept the overrides."""
     from omegaconf import OmegaConf
 
-    from tba_ext.launch import compose, ray_overrides
+    from tba_ext.tools.config import compose
+    from tba_ext.tools.launch import ray_overrides
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     alone = compose("cpu_tb", [])

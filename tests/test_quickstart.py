@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tba_ext.quickstart import quickstart
+from tba_ext.tools.quickstart import quickstart
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ import pytest
 
 from tba_ext.core.settings import (check_reference_updates, check_replay_run, check_tb_run, parse_settings,
                                    updates_per_step)
-from tba_ext.launch import compose
+from tba_ext.tools.config import compose
 
 
 @pytest.fixture(scope="module")

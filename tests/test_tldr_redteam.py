@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tba_ext.models import ModelSpec, make_model
+from tba_ext.tools.models import ModelSpec, make_model
 from tba_ext.tasks import redteam, tldr
 from tba_ext.tasks.data import write_task
 from tba_ext.tasks.rewards import compute_score
@@ -81,7 +81,7 @@ def test_win_rate_formula():
 
 
 def test_tldr_win_rate_evaluation(fixtures, tmp_path):
-    from tba_ext.evaluate import tldr_win_rate
+    from tba_ext.tools.evaluate import tldr_win_rate
     from tba_ext.tasks.scorers import reward_model_scores
 
     write_task("tldr", str(tmp_path), 3, 3, 0, source=str(fixtures / "tldr_src"))
@@ -130,7 +130,7 @@ def test_attack_success_rate_and_diversity():
 
 
 def test_redteam_evaluation(fixtures, tmp_path):
-    from tba_ext.evaluate import redteam_eval
+    from tba_ext.tools.evaluate import redteam_eval
 
     write_task("redteam", str(tmp_path), 4, 6, 0)
     result = redteam_eval(str(fixtures / "policy"), str(tmp_path / "test.parquet"), str(fixtures / "victim"),
@@ -141,7 +141,7 @@ def test_redteam_evaluation(fixtures, tmp_path):
 @pytest.mark.e2e
 def test_tldr_trains_through_verl_with_the_reward_model(fixtures, tmp_path):
     """The TB run on TL;DR: verl's reward workers score every summary with the user's reward model."""
-    from tba_ext.launch import run_verl
+    from tba_ext.tools.launch import run_verl
     from tba_ext.tasks.scorers import reward_model_scores
 
     write_task("tldr", str(tmp_path / "data"), 3, 3, 0, source=str(fixtures / "tldr_src"))

@@ -20,7 +20,7 @@ LOGPROB_TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
-    from tba_ext.models import ModelSpec, make_model
+    from tba_ext.tools.models import ModelSpec, make_model
     from tba_ext.tasks.data import corpus_for, write_task
 
     root = tmp_path_factory.mktemp("vllm_run")
@@ -31,7 +31,7 @@ def vllm_run(tmp_path_factory):
 
 
 def test_tb_with_replay_on_verls_vllm_replica_serves_the_trained_weights(vllm_run, tmp_path):
-    from tba_ext.launch import run_verl
+    from tba_ext.tools.launch import run_verl
 
     metrics = tmp_path / "metrics.jsonl"
     run_verl("cpu_tba", [f"run_dir={vllm_run}", "+cpu_rollout=vllm", "trainer.total_training_steps=4",

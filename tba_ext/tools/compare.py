@@ -1,6 +1,6 @@
 """``tba-ext compare``: TB, TBA' and Dr. GRPO on identical model, warm start, data and seeds, over staleness.
 
-Staleness s bounds every source of off-policy data for every method (``tba_ext.recipe.method_overrides``):
+Staleness s bounds every source of off-policy data for every method (``tba_ext.tools.recipe.method_overrides``):
 s = 0 is on-policy; s > 0 lets generation run s batches ahead and TB / TBA' replay nothing staler than s.
 Dr. GRPO is verl's built-in (``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False``, no KL).
 The quickstart's recipe (model, warm start, lr, batch, beta, m) is the one used here. Each run reports held-out
@@ -17,12 +17,12 @@ import time
 
 import numpy as np
 
-from tba_ext import report
+from tba_ext.tools import report
 from tba_ext.core.settings import hf_model_dir
-from tba_ext.evaluate import greedy_accuracy
-from tba_ext.launch import run_verl
-from tba_ext.quickstart import STALL_TIMEOUT_S, prepare
-from tba_ext.recipe import EVAL_SAMPLES, FULL, METHODS, SHORT, method_overrides, training_overrides
+from tba_ext.tools.evaluate import greedy_accuracy
+from tba_ext.tools.launch import run_verl
+from tba_ext.tools.quickstart import STALL_TIMEOUT_S, prepare
+from tba_ext.tools.recipe import EVAL_SAMPLES, FULL, METHODS, SHORT, method_overrides, training_overrides
 
 def interval95(values: list[float]) -> tuple[float, float, float]:
     """Mean, sd and the half-width of a two-sided 95 % t-interval (0 for a single value)."""

@@ -14,14 +14,14 @@ import os
 import shutil
 import time
 
-from tba_ext import report
+from tba_ext.tools import report
 from tba_ext.core.settings import hf_model_dir
-from tba_ext.evaluate import greedy_accuracy
-from tba_ext.launch import run_verl
-from tba_ext.models import ModelSpec, make_model
-from tba_ext.recipe import EVAL_SAMPLES, FULL, SHORT, method_overrides, training_overrides
+from tba_ext.tools.evaluate import greedy_accuracy
+from tba_ext.tools.launch import run_verl
+from tba_ext.tools.models import ModelSpec, make_model
+from tba_ext.tools.recipe import EVAL_SAMPLES, FULL, SHORT, method_overrides, training_overrides
 from tba_ext.tasks.data import corpus_for, write_task
-from tba_ext.warmstart import warm_start
+from tba_ext.tools.warmstart import warm_start
 
 STALL_TIMEOUT_S = 600  # a CPU step takes seconds: ten minutes without one means a hung worker
 

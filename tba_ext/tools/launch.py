@@ -1,4 +1,5 @@
-"""Compose a tba-ext config, check it before anything starts, and launch verl's own ``main_ppo`` on it."""
+"""Launch verl's own ``main_ppo`` on a checked config: the environment it runs in, joining a Ray cluster or
+starting its own, progress lines, a stall watchdog, and a stop that leaves no process of the run behind."""
 
 from __future__ import annotations
 
@@ -11,76 +12,9 @@ import sys
 import tempfile
 import threading
 import time
-from importlib import resources
 
-from omegaconf import OmegaConf
-
-CONFIG_DIR = str(resources.files("tba_ext") / "configs")
-
-
-# verl's configs are found through the search path given at launch (hydra only takes one from the primary config
-# or the command line), so a user's own YAML can build on ours: ``defaults: [cpu_tba, _self_]``
-SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config]"
-USER_CONFIG_SEARCHPATH = "hydra.searchpath=[pkg://tba_ext.configs,pkg://verl.trainer.config]"
-
-
-def config_location(config: str) -> tuple[str, str, list[str]]:
-    """(config dir, config name, search-path override) for a packaged config name or a path to the user's YAML."""
-    if config.endswith((".yaml", ".yml")) or os.sep in config:
-        path = os.path.abspath(config)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"--config: no such file: {path}")
-        return os.path.dirname(path), os.path.splitext(os.path.basename(path))[0], [USER_CONFIG_SEARCHPATH]
-    if not os.path.exists(os.path.join(CONFIG_DIR, f"{config}.yaml")):
-        raise ValueError(f"unknown config {config!r}; tba-ext ships: {', '.join(list_configs())} "
-                         "(or give a path to your own YAML)")
-    return CONFIG_DIR, config, [SEARCHPATH]
-
-
-def compose(config_name: str, overrides: list[str]):
-    """The config verl will see: our overlay on verl's ppo_trainer.yaml (or the user's YAML on top of ours),
-    with the overrides applied."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    config_dir, name, extra = config_location(config_name)
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return hydra_compose(config_name=name, overrides=[*extra, *overrides])
-
-
-def list_configs() -> list[str]:
-    return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
-
-
-def preflight(cfg) -> None:
-    """Every check that can fail before Ray starts, each naming the key or path at fault."""
-    from tba_ext.core.settings import check_tba_run
-    from tba_ext.cpu.runtime import cpu_runtime_active
-    from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
-    from tba_ext.models import check_model_dir
-    from tba_ext.tasks.data import check_dataset
-
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    check_tba_run(plain)
-    check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
-    reward_kwargs = (plain["reward"].get("custom_reward_function") or {}).get("reward_kwargs") or {}
-    for key in ("train_files", "val_files"):
-        files = plain["data"][key]
-        for path in [files] if isinstance(files, str) else files:
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"data.{key}: no such file: {path} (build it with `tba-ext prepare-data`)")
-            check_dataset(path, f"data.{key}", plain["data"].get("prompt_key", "prompt"), reward_kwargs)
-    rollout = plain["actor_rollout_ref"]["rollout"]["name"]
-    if cpu_runtime_active() and rollout not in ("hfcpu", "vllm"):
-        raise ValueError(
-            f"actor_rollout_ref.rollout.name={rollout} needs a GPU build; on this CPU host use hfcpu "
-            "(or vllm with vllm-cpu installed; or set TBA_EXT_CPU_RUNTIME=off on a GPU machine)"
-        )
-    if cpu_runtime_active() and rollout == "vllm":
-        check_vllm_cpu_model(plain["actor_rollout_ref"]["model"]["path"])
-    if cpu_runtime_active() and plain["actor_rollout_ref"]["actor"]["strategy"] != "fsdp2":
-        raise ValueError("actor_rollout_ref.actor.strategy must be fsdp2 on CPU (FSDP1/Megatron need a GPU)")
-
+from tba_ext.tools.config import compose, config_location, preflight
+from tba_ext.tools.processes import session_pids, terminate
 
 # What a Ray cluster's nodes own (``ray start --num-cpus/--num-gpus/...``): ray.init refuses them when it joins one
 CLUSTER_OWNED_RAY_KEYS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "_system_config")
@@ -196,18 +130,18 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
             except subprocess.TimeoutExpired:
                 stalled = progress.stalled(stall_timeout, startup_timeout) if stall_timeout else None
                 if stalled:
-                    _terminate(proc)
+                    terminate(proc)
                     rc = proc.returncode if proc.returncode is not None else -9
                     break
     except (KeyboardInterrupt, _Terminated):
-        _terminate(proc)
+        terminate(proc)
         raise KeyboardInterrupt from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         # the run is over: Ray's daemons and workers go with it, even when verl's shutdown hangs or the
         # driver was killed
         if session_pids(proc.pid):
-            _terminate(proc)
+            terminate(proc)
         reader.join(timeout=10)
         if log:
             log.close()
@@ -275,66 +209,3 @@ class _Progress:
         if step and self.total:
             parts.append(f"elapsed {elapsed:.0f}s, ETA {elapsed / step * (self.total - step):.0f}s")
         return "  " + " | ".join(parts) + "\n"
-
-
-def session_pids(sid: int) -> list[int]:
-    """Every live process in session ``sid``: verl's driver, Ray's daemons and Ray's workers (which run in
-    process groups of their own, so killing the driver's group alone would leave them behind)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    pids.append(int(entry))
-            except (ProcessLookupError, PermissionError):
-                continue
-    return pids
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def children(pid: int) -> list[int]:
-    """Direct child processes of ``pid`` (from /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
-
-
-def _terminate(proc: subprocess.Popen) -> None:
-    """Stop the verl run we started and everything it started: SIGINT first so Ray shuts down cleanly,
-    then SIGKILL whatever is left in its session. Only processes of that session are touched."""
-    import signal
-
-    try:
-        os.kill(proc.pid, signal.SIGINT)
-        proc.wait(timeout=20)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        pass
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        left = session_pids(proc.pid)
-        if not left:
-            break
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.5)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass

@@ -1,0 +1,75 @@
+"""Which config a run uses and whether it can run: compose a tba-ext config (or the user's YAML on top of ours)
+with verl's, and check everything that can fail before Ray starts, each error naming the key or path at fault."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+from omegaconf import OmegaConf
+
+CONFIG_DIR = str(resources.files("tba_ext") / "configs")
+
+
+# verl's configs are found through the search path given at launch (hydra only takes one from the primary config
+# or the command line), so a user's own YAML can build on ours: ``defaults: [cpu_tba, _self_]``
+SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config]"
+USER_CONFIG_SEARCHPATH = "hydra.searchpath=[pkg://tba_ext.configs,pkg://verl.trainer.config]"
+
+
+def config_location(config: str) -> tuple[str, str, list[str]]:
+    """(config dir, config name, search-path override) for a packaged config name or a path to the user's YAML."""
+    if config.endswith((".yaml", ".yml")) or os.sep in config:
+        path = os.path.abspath(config)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--config: no such file: {path}")
+        return os.path.dirname(path), os.path.splitext(os.path.basename(path))[0], [USER_CONFIG_SEARCHPATH]
+    if not os.path.exists(os.path.join(CONFIG_DIR, f"{config}.yaml")):
+        raise ValueError(f"unknown config {config!r}; tba-ext ships: {', '.join(list_configs())} "
+                         "(or give a path to your own YAML)")
+    return CONFIG_DIR, config, [SEARCHPATH]
+
+
+def compose(config_name: str, overrides: list[str]):
+    """The config verl will see: our overlay on verl's ppo_trainer.yaml (or the user's YAML on top of ours),
+    with the overrides applied."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    config_dir, name, extra = config_location(config_name)
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose(config_name=name, overrides=[*extra, *overrides])
+
+
+def list_configs() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+
+
+def preflight(cfg) -> None:
+    """Every check that can fail before Ray starts, each naming the key or path at fault."""
+    from tba_ext.core.settings import check_tba_run
+    from tba_ext.cpu.runtime import cpu_runtime_active
+    from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
+    from tba_ext.tools.models import check_model_dir
+    from tba_ext.tasks.data import check_dataset
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    check_tba_run(plain)
+    check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
+    reward_kwargs = (plain["reward"].get("custom_reward_function") or {}).get("reward_kwargs") or {}
+    for key in ("train_files", "val_files"):
+        files = plain["data"][key]
+        for path in [files] if isinstance(files, str) else files:
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"data.{key}: no such file: {path} (build it with `tba-ext prepare-data`)")
+            check_dataset(path, f"data.{key}", plain["data"].get("prompt_key", "prompt"), reward_kwargs)
+    rollout = plain["actor_rollout_ref"]["rollout"]["name"]
+    if cpu_runtime_active() and rollout not in ("hfcpu", "vllm"):
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name={rollout} needs a GPU build; on this CPU host use hfcpu "
+            "(or vllm with vllm-cpu installed; or set TBA_EXT_CPU_RUNTIME=off on a GPU machine)"
+        )
+    if cpu_runtime_active() and rollout == "vllm":
+        check_vllm_cpu_model(plain["actor_rollout_ref"]["model"]["path"])
+    if cpu_runtime_active() and plain["actor_rollout_ref"]["actor"]["strategy"] != "fsdp2":
+        raise ValueError("actor_rollout_ref.actor.strategy must be fsdp2 on CPU (FSDP1/Megatron need a GPU)")
