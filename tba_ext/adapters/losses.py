@@ -73,6 +73,13 @@ def _loss_field(config, name: str, default: float) -> float:
     return float(getattr(policy_loss, name, default)) if policy_loss is not None else default
 
 
+def _aggregate(loss_mat, mask, loss_agg_mode: str, config) -> torch.Tensor:
+    """verl's agg_loss over the global batch (``global_batch_info``: exact across micro-batches and ranks),
+    times the configured ``loss_scale``."""
+    global_batch_info = getattr(config, "global_batch_info", None) or {}
+    return agg_loss(loss_mat, mask, loss_agg_mode, **global_batch_info) * _loss_field(config, "loss_scale", 1.0)
+
+
 @register_policy_loss("tb")
 def compute_policy_loss_tb(
     old_log_prob: torch.Tensor,
@@ -97,9 +104,7 @@ def compute_policy_loss_tb(
     )
     # spread each sequence's loss over its tokens so verl's seq-mean-token-sum sums it back exactly
     loss_mat = per_seq.unsqueeze(-1) * mask / mask.sum(-1, keepdim=True).clamp(min=1.0)
-    global_batch_info = getattr(config, "global_batch_info", None) or {}
-    loss = agg_loss(loss_mat, mask, "seq-mean-token-sum", **global_batch_info)
-    loss = loss * _loss_field(config, "loss_scale", 1.0)
+    loss = _aggregate(loss_mat, mask, "seq-mean-token-sum", config)
     metrics = {
         "tb/residual_var": per_seq.detach().mean().item(),
         "tb/policy_log_ratio": tb.sequence_logprob(log_prob - old_log_prob, mask).detach().mean().item(),
@@ -131,9 +136,7 @@ def compute_policy_loss_tb_pg(
     is_ratio_max = _loss_field(config, "is_ratio_max", IS_RATIO_MAX)
     ratio = tb.rollout_ratio(log_prob, old_log_prob, rollout_is_weights)
     loss_mat = tb.tb_pg_loss_matrix(log_prob, advantages, ratio, is_ratio_max)
-    global_batch_info = getattr(config, "global_batch_info", None) or {}
-    loss = agg_loss(loss_mat, mask, loss_agg_mode, **global_batch_info)
-    loss = loss * _loss_field(config, "loss_scale", 1.0)
+    loss = _aggregate(loss_mat, mask, loss_agg_mode, config)
     clipped = (ratio > is_ratio_max).to(mask.dtype)
     tokens = mask.sum().clamp(min=1.0)
     metrics = {
