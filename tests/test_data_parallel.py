@@ -66,5 +66,7 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
     names = sorted(set(start) & set(one) & set(two))
     step = max((one[n].float() - start[n].float()).abs().max().item() for n in names)
     gap = max((two[n].float() - one[n].float()).abs().max().item() for n in names)
+    print(f"{algo}: max step {step:.3g}, max 2-rank gap {gap:.3g} ({gap / step:.2g} of the step), grad norm "
+          f"{metrics_one['actor/grad_norm']:.6g} vs {metrics_two['actor/grad_norm']:.6g}")
     assert step > 1e-4, "the update did not move the parameters"
     assert gap <= RELATIVE_TOLERANCE * step, f"2 ranks vs 1: max gap {gap:.3g}, max step {step:.3g}"
