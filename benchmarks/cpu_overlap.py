@@ -41,7 +41,7 @@ def run(workers: int, size: int, reps: int) -> float:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", type=int, default=384)
-    parser.add_argument("--reps", type=int, default=400)
+    parser.add_argument("--reps", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/cpu_overlap.json")
     args = parser.parse_args()
