@@ -3,7 +3,8 @@
 The trainer runs beside one searcher (verl's separate_async, hybrid_engine=False), so both layouts get their
 data from the same single rollout replica; hfcpu seeds every request (seed, prompt, occurrence), so the same
 prompts give the same responses whatever the trainer layout. One update with plain SGD (Adam's first step is
-sign-like and would hide small gradient differences; clipping would hide a wrong scale): the 2-rank parameters must equal the 1-rank ones.
+sign-like and would hide small gradient differences; clipping would hide a wrong scale): the 2-rank parameters
+must equal the 1-rank ones.
 
 Two prompts x 3 responses per update: three rows per rank, groups split across ranks, so the loss is only right if
 its normalisation spans the ranks (verl's ``global_batch_info``). verl's no-op padding rows cannot occur here:

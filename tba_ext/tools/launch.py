@@ -28,8 +28,10 @@ def ray_overrides(cfg, ray_tmp: str, worker_env: dict[str, str]) -> list[str]:
     workers through the job's runtime_env, since they are children of the nodes, not of this process."""
     ray_init = cfg.get("ray_kwargs", {}).get("ray_init", {}) or {}
     if ray_init.get("address") or os.environ.get("RAY_ADDRESS"):
-        return ([f"~ray_kwargs.ray_init.{key}" for key in CLUSTER_OWNED_RAY_KEYS if ray_init.get(key) is not None]
-                + [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}='{_quoted(v)}'" for k, v in sorted(worker_env.items())])
+        dropped = [f"~ray_kwargs.ray_init.{key}" for key in CLUSTER_OWNED_RAY_KEYS if ray_init.get(key) is not None]
+        env_vars = [f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}='{_quoted(value)}'"
+                    for name, value in sorted(worker_env.items())]
+        return dropped + env_vars
     return [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
 
 
