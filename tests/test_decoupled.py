@@ -28,8 +28,15 @@ def start_train(config, run_dir, tmp_path, *overrides, env=None):
     proc = subprocess.Popen(
         [sys.executable, "-m", "tba_ext.cli", "train", "--config", config, "--log", str(tmp_path / "verl.log"),
          "--metrics", str(metrics), f"run_dir={run_dir}", *overrides],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, **(env or {})))
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, **(env or {})),
+        preexec_fn=default_sigint)
     return proc, metrics
+
+
+def default_sigint():
+    """Ctrl-C reaches the run even when the tests themselves were started in the background (``cmd &`` in a
+    script ignores SIGINT, and an ignored signal stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(predicate, timeout, what, proc=None):

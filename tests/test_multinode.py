@@ -42,7 +42,10 @@ def start_node(env, tmp_path, ray_tmp, gcs_address, head: bool, worker_ports: in
     else:
         args += [f"--address={gcs_address}"]
     log = open(tmp_path / f"node_{'head' if head else 'worker'}.log", "w")
-    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # SIGINT back to default: Ray's node stops its agents with it, and a test started in the background (``cmd &``
+    # in a script) would hand down an ignored SIGINT that leaves them running
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def tree(proc) -> list[psutil.Process]:
@@ -129,7 +132,7 @@ def test_decoupled_tba_on_a_two_node_cluster_trainer_and_searcher_on_different_n
             except subprocess.TimeoutExpired:
                 node.kill()
     # a clean stop: nothing the two nodes started is left running
-    deadline = time.time() + 30
+    deadline = time.time() + 60
     while (left := [p for p in seen if alive(p)]) and time.time() < deadline:
         time.sleep(1)
     assert not left, titles(left)

@@ -20,6 +20,7 @@ from typing import Any, Generator, Optional
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
@@ -337,9 +338,14 @@ class HFCPUReplica(RolloutReplica):
     async def launch_servers(self):
         name = SERVER_NAME.format(replica_rank=self.replica_rank) + self.name_suffix
         server_cls = ray.remote(HFCPUServer)
+        placement = {}
+        if self.workers:  # on the node holding this replica's resources, as verl's vLLM servers are
+            node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
+            placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         server = server_cls.options(
             name=name,
             num_cpus=0,
+            **placement,
             max_restarts=-1,  # a searcher that dies is restarted by Ray and reloads the newest weights
             max_task_retries=0,
             max_concurrency=self.max_concurrency,
