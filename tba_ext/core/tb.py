@@ -47,14 +47,15 @@ def tb_advantage(score: torch.Tensor, groups: torch.Tensor, beta: float,
     advantage (r - r_bar) - beta (kl - kl_bar). Statistics: ``log_z`` (mean over trajectories of log Z_i) and
     ``mean_abs_advantage``. A group of one trajectory has no variance to balance and is refused.
     """
-    if score.numel() and (torch.bincount(groups) == 1).any():
+    if not score.numel():  # a batch of padding rows only
+        return score, {"log_z": 0.0, "mean_abs_advantage": 0.0}
+    if (torch.bincount(groups) == 1).any():
         raise ValueError("TB needs at least 2 responses per prompt group (actor_rollout_ref.rollout.n >= 2); "
                          "found a group with one response")
-    group_score = group_mean(score, groups) if score.numel() else score
+    group_score = group_mean(score, groups)
     advantage = (score - group_score) / (1.0 if pg_units else beta)
-    stats = {"log_z": float((group_score / beta).mean()) if score.numel() else 0.0,
-             "mean_abs_advantage": float(advantage.abs().mean()) if score.numel() else 0.0}
-    return advantage, stats
+    return advantage, {"log_z": float((group_score / beta).mean()),
+                       "mean_abs_advantage": float(advantage.abs().mean())}
 
 
 def tb_loss_from_advantage(
