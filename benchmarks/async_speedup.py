@@ -1,13 +1,16 @@
 """Sync vs decoupled TBA on the same CPUs, for the same number of trained samples, 1 and 2 searchers.
 
-    python benchmarks/async_speedup.py [--steps 12] [--repeats 3] [--searchers 1 2]
+    python benchmarks/async_speedup.py [--steps 12] [--repeats 3] [--searchers 1 2] [--paced 1]
 
 Every run trains the `small` model on the same data with the tb loss and the TBA replay sampler, 16 prompts per
 global step in 2 optimizer updates of 8 (k = 2), for ``--steps`` global steps; the first step (warm-up, initial
 weight sync) is not measured, so 12 steps measure 22 updates:
 - sync: `cpu_tba` with trainer_mode=tba_sync (generation, then training, then weight sync, in turn);
 - decoupled N: `cpu_tba_decoupled` with N searcher replicas running free (a queue of 2 batches of prompts,
-  topped up before every update; the trainer trains on the store without waiting for fresh groups).
+  topped up before every update; the trainer trains on the store without waiting for fresh groups);
+- decoupled N paced (``--paced``): the same, with ``tba.searcher_prompts_per_consumed=1.0``: the searchers stay
+  at most the queue ahead of what the trainer consumes, instead of generating as fast as they can on the cores
+  the trainer needs.
 Each configuration runs ``--repeats`` times; figures are medians with the min-max spread. Reported:
 speedup_vs_sync (median sync wall / median decoupled wall, wall = summed verl step time), trainer_idle_ratio
 (time waiting for data / step time), searcher_idle_ratio, weight_sync_share (weight sync / step time) and where
@@ -32,14 +35,17 @@ SYNC_PHASES = ("abort_replicas", "release_kv_cache_replicas", "build_process_gro
 def extra_args(parser):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--searchers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--paced", type=int, nargs="*", default=[1], help="searcher counts also run paced")
     parser.add_argument("--size", default="small")
 
 
-def configurations(searchers):
+def configurations(searchers, paced):
     yield "sync", "cpu_tba", ["trainer.v1.trainer_mode=tba_sync"]
     for n in searchers:
-        yield f"decoupled_{n}", "cpu_tba_decoupled", [f"actor_rollout_ref.rollout.n_gpus_per_node={n}",
-                                                       f"ray_kwargs.ray_init.num_gpus={n + 1}"]
+        replicas = [f"actor_rollout_ref.rollout.n_gpus_per_node={n}", f"ray_kwargs.ray_init.num_gpus={n + 1}"]
+        yield f"decoupled_{n}", "cpu_tba_decoupled", replicas
+        if n in paced:
+            yield f"decoupled_{n}_paced", "cpu_tba_decoupled", replicas + ["tba.searcher_prompts_per_consumed=1.0"]
 
 
 def measure(records: list[dict]) -> dict:
@@ -59,7 +65,7 @@ def measure(records: list[dict]) -> dict:
     if any(phases.values()):
         out["weight_sync_phases_s_per_step"] = {**phases, "transfer": out["weight_sync_s_per_step"] - sum(phases.values())}
     for key in ("tba/trajectories_generated_per_s", "tba/trajectories_consumed_per_s", "replay/unseen_group_frac",
-                "replay/staleness_mean"):
+                "replay/staleness_mean", "tba/searcher_prompts_ahead"):
         values = [x[key] for x in d if key in x]
         if values:
             out[key.split("/")[-1]] = statistics.mean(values)
@@ -77,7 +83,7 @@ def main():
               "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
     runs: dict[str, list] = {}
     for repeat in range(args.repeats):
-        for name, config, extra in configurations(args.searchers):
+        for name, config, extra in configurations(args.searchers, args.paced):
             metrics = f"{run}/{name}_r{repeat}.jsonl"
             print(f"== {name}, repeat {repeat + 1}/{args.repeats}", flush=True)
             start = time.time()
@@ -97,7 +103,7 @@ def main():
         summary = {key: spread([r[key] for r in rs]) for key in
                    ("wall_s", "trainer_idle_ratio", "weight_sync_share", "weight_sync_s_per_step")}
         for key in ("searcher_idle_ratio", "trajectories_generated_per_s", "trajectories_consumed_per_s",
-                    "unseen_group_frac", "staleness_mean"):
+                    "unseen_group_frac", "staleness_mean", "searcher_prompts_ahead"):
             if all(key in r for r in rs):
                 summary[key] = spread([r[key] for r in rs])
         if all("weight_sync_phases_s_per_step" in r for r in rs):
@@ -112,11 +118,11 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"{'run':<12} | {'wall s (median, min-max)':>24} | {'speedup':>7} | {'trainer idle':>12} | "
+    print(f"{'run':<18} | {'wall s (median, min-max)':>24} | {'speedup':>7} | {'trainer idle':>12} | "
           f"{'searcher idle':>13} | {'sync share':>10}")
     for name, s in result["configurations"].items():
         wall = s["wall_s"]
-        print(f"{name:<12} | {wall['median']:>8.1f} ({wall['min']:.1f}-{wall['max']:.1f}) {'':>6} | "
+        print(f"{name:<18} | {wall['median']:>8.1f} ({wall['min']:.1f}-{wall['max']:.1f}) {'':>6} | "
               f"{s.get('speedup_vs_sync', 1.0):>6.2f}x | {s['trainer_idle_ratio']['median']:>12.2f} | "
               f"{s.get('searcher_idle_ratio', {}).get('median', float('nan')):>13.2f} | "
               f"{s['weight_sync_share']['median']:>10.3f}")

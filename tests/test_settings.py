@@ -166,3 +166,31 @@ def test_free_running_searchers_need_the_decoupled_mode_and_room_for_a_fetch(tb_
         check_searcher_queue(tb_config, parse_settings({"searcher_queue_prompts": 16}))
     with pytest.raises(ValueError, match=r"searcher_queue_prompts=4 is below one dataloader fetch of 8"):
         check_searcher_queue(decoupled, parse_settings({"searcher_queue_prompts": 4}))
+
+
+def test_paced_searchers_stay_at_most_the_queue_ahead_of_consumption(tb_config):
+    """A searcher that finishes everything at once (nothing ever in flight) against a trainer consuming 8 prompts
+    per update: free-running, it is handed a full queue at every update; paced at 1.0, what it was handed never
+    exceeds what the trainer consumed by more than the queue, nor falls a fetch below it."""
+    from tba_ext.core.settings import check_searcher_queue, prompts_to_queue
+
+    queue, chunk, per_update = 32, 16, 8
+    for pace in (None, 1.0):
+        submitted = consumed = 0
+        for update in range(1, 41):
+            consumed += per_update
+            submitted += prompts_to_queue(queue, 0, chunk, submitted, consumed, pace)
+            ahead = submitted - consumed
+            if pace is None:
+                assert submitted == queue * update
+            else:
+                assert queue - chunk <= ahead <= queue, (update, ahead)
+    # in flight counts against the queue either way; whole fetches only
+    assert prompts_to_queue(32, 20, 16, 0, 0, None) == 0
+    assert prompts_to_queue(32, 10, 16, 0, 0, None) == 16
+    assert prompts_to_queue(32, 0, 16, 40, 16, 1.0) == 0  # 40 handed out, 16 consumed: the lead is taken
+    decoupled = with_change(tb_config, "trainer.v1.trainer_mode", "tba_separate_async")
+    with pytest.raises(ValueError, match="searcher_prompts_per_consumed paces free-running searchers"):
+        check_searcher_queue(decoupled, parse_settings({"searcher_prompts_per_consumed": 1.0}))
+    with pytest.raises(ValueError, match="searcher_prompts_per_consumed must be > 0"):
+        parse_settings({"searcher_queue_prompts": 32, "searcher_prompts_per_consumed": 0})

@@ -36,7 +36,7 @@ from verl.utils.ray_utils import auto_await
 
 from tba_ext.adapters import losses
 from tba_ext.core import tb
-from tba_ext.core.settings import check_tba_run, step_folder, updates_per_step
+from tba_ext.core.settings import check_tba_run, prompts_to_queue, step_folder, updates_per_step
 
 logger = logging.getLogger(__name__)
 
@@ -306,6 +306,8 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
         for name, seconds in self._sync_phase_s.items():
             metrics[f"tba/weight_sync/{name}_s"] = seconds
         self._sync_phase_s = dict.fromkeys(self.SYNC_PHASES, 0.0)
+        if self.tba.searcher_queue_prompts is not None:  # how far generation runs ahead of consumption
+            metrics["tba/searcher_prompts_ahead"] = self._submitted_prompts - self._consumed_prompts
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
     def _add_batch_to_generate(self):
@@ -313,19 +315,30 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
             return super()._add_batch_to_generate()
         self._top_up_searchers()
 
+    # prompts handed to the searchers and prompts the trainer sampled, since the start (searcher pacing)
+    _submitted_prompts = 0
+    _consumed_prompts = 0
+
     def on_sample_begin(self):
         super().on_sample_begin()
         if self.tba.searcher_queue_prompts is not None:
+            self._consumed_prompts += self.config.data.train_batch_size // self.parameter_sync_step
             self._top_up_searchers()
+
+    def _add_prompts_to_generate(self, num_prompts: int) -> int:
+        added = super()._add_prompts_to_generate(num_prompts)  # warm-up, top-ups and verl's refills alike
+        self._submitted_prompts += added
+        return added
 
     def _top_up_searchers(self) -> int:
         """Queue prompts (whole ``data.gen_batch_size`` chunks) until ``searcher_queue_prompts`` are pending
-        or generating."""
+        or generating, within ``searcher_prompts_per_consumed`` if set."""
         buffer = self.replay_buffer
         buffer._sync_metadata_from_transfer_queue()
         inflight = len(buffer.pending_keys["train"]) + len(buffer.running_keys["train"])
         chunk = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
-        missing = (self.tba.searcher_queue_prompts - inflight) // chunk * chunk
+        missing = prompts_to_queue(self.tba.searcher_queue_prompts, inflight, chunk, self._submitted_prompts,
+                                   self._consumed_prompts, self.tba.searcher_prompts_per_consumed)
         return self._add_prompts_to_generate(missing) if missing > 0 else 0
 
     def on_step_end(self):

@@ -70,6 +70,10 @@ class TBASettings:
     # tba_separate_async: prompts kept queued or generating at the searchers, topped up before every update
     # whatever the trainer consumes (free-running searchers); null = verl's lockstep, one batch per global step
     searcher_queue_prompts: Optional[int] = None
+    # with the queue: at most this many prompts generated per prompt the trainer consumes, beyond the queue
+    # (1.0: searchers keep the queue's lead and no more); null = as fast as the searchers go. Where searchers
+    # and trainer share the same cores (CPU), generation nobody trains on only slows the trainer.
+    searcher_prompts_per_consumed: Optional[float] = None
 
 
 def _build(cls, node: Mapping[str, Any] | None, prefix: str):
@@ -119,6 +123,8 @@ def parse_settings(node: Mapping[str, Any] | None) -> TBASettings:
         (0.0 <= settings.ref_ema < 1.0, "tba.ref_ema must be in [0, 1)", settings.ref_ema),
         (settings.searcher_queue_prompts is None or settings.searcher_queue_prompts > 0,
          "tba.searcher_queue_prompts must be > 0 or null", settings.searcher_queue_prompts),
+        (settings.searcher_prompts_per_consumed is None or settings.searcher_prompts_per_consumed > 0,
+         "tba.searcher_prompts_per_consumed must be > 0 or null", settings.searcher_prompts_per_consumed),
         (settings.beta.anneal_steps >= 0, "tba.beta.anneal_steps must be >= 0", settings.beta.anneal_steps),
         (settings.beta.final is None or settings.beta.final > 0, "tba.beta.final must be > 0 or null",
          settings.beta.final),
@@ -229,6 +235,9 @@ def check_searcher_queue(cfg: Mapping[str, Any], settings: TBASettings) -> None:
     one dataloader fetch."""
     queue = settings.searcher_queue_prompts
     if queue is None:
+        if settings.searcher_prompts_per_consumed is not None:
+            raise ValueError("tba.searcher_prompts_per_consumed paces free-running searchers: it needs "
+                             "tba.searcher_queue_prompts")
         return
     mode = cfg["trainer"]["v1"].get("trainer_mode")
     if mode != "tba_separate_async":
@@ -238,6 +247,17 @@ def check_searcher_queue(cfg: Mapping[str, Any], settings: TBASettings) -> None:
     if queue < chunk:
         raise ValueError(f"tba.searcher_queue_prompts={queue} is below one dataloader fetch of {chunk} prompts "
                          "(data.gen_batch_size, else data.train_batch_size): nothing could be queued")
+
+
+def prompts_to_queue(queue: int, inflight: int, chunk: int, submitted: int, consumed: int,
+                     per_consumed: float | None) -> int:
+    """Prompts to hand the searchers now (whole dataloader ``chunk``s): enough to bring those queued or generating
+    up to ``queue``; paced (``per_consumed``), never more than ``queue + per_consumed * consumed`` submitted in
+    all, so the searchers stay at most the queue ahead of what the trainer consumes."""
+    missing = queue - inflight
+    if per_consumed is not None:
+        missing = min(missing, int(queue + per_consumed * consumed) - submitted)
+    return max(missing, 0) // chunk * chunk
 
 
 def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings | None]:
