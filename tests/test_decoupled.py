@@ -166,12 +166,13 @@ def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(t
     """tba_separate_async with the reference in its own worker group (hybrid_engine=False), k = 2 updates per
     step, rho = 4 updates: the reference takes the actor's weights after steps 2 and 4, so the KL between the
     policy and the reference (computed at the start of the next step, before any update) is zero at steps 1, 3
-    and 5 and not at steps 2 and 4; beta follows the paper's formula at the step's first update."""
+    and 5 and not at steps 2 and 4; beta follows the paper's formula at the step's first update. The searchers
+    are paced (tba.searcher_prompts_per_consumed=1): never more than the queue (32 prompts) ahead of the trainer."""
     from tba_ext.core.tb import beta_at_step, first_update
 
     proc, metrics = start_train("cpu_tba_decoupled", tiny_run, tmp_path, "trainer.total_training_steps=5",
                                 "tba.ref_reset_every=4", "tba.beta.final=0.01", "tba.beta.anneal_steps=8",
-                                "actor_rollout_ref.actor.optim.lr=1e-2")
+                                "actor_rollout_ref.actor.optim.lr=1e-2", "tba.searcher_prompts_per_consumed=1.0")
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     data = [r["data"] for r in steps_logged(metrics)]
@@ -183,3 +184,5 @@ def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(t
         [beta_at_step(first_update(g, 2), 0.05, 0.01, 8) for g in range(1, 6)])
     staleness = [d["replay/staleness_max"] for d in data]
     assert all(s % 2 == 0 for s in staleness) and max(staleness) >= 2  # in updates: whole versions of k = 2
+    ahead = [d["tba/searcher_prompts_ahead"] for d in data]
+    assert max(ahead) <= 32 and max(ahead) >= 16, ahead  # never past the queue's lead; the lead was used
