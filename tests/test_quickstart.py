@@ -23,3 +23,6 @@ def test_quickstart_short_writes_a_report_with_before_and_after_accuracy(tmp_pat
     assert saved["verl_validation_before_after"][0] == pytest.approx(saved["accuracy_before"], abs=1e-6)
     assert saved["verl_validation_before_after"][-1] == pytest.approx(saved["accuracy_after"], abs=1e-6)
     assert os.path.exists(run / "model_tba" / "config.json")
+    # the short run must not leave the model worse than its warm start: at most one of the 10 held-out pairs
+    # (asked 3-4 times among the 32 test rows) may flip to wrong
+    assert saved["accuracy_after"] >= saved["accuracy_before"] - 4 / 32, saved
