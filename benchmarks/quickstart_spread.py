@@ -75,13 +75,15 @@ def plot(runs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for r in runs:
-        ax.plot([0, 1], [r["accuracy_before"], r["accuracy_after"]], marker="o",
-                label=f"seed {r['seed']} run {r['repeat']}")
-    ax.set_xticks([0, 1], ["after warm start", "after TBA"])
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, (key, label) in zip(axes, [("accuracy", "held-out greedy accuracy"),
+                                       ("sampled", "held-out sampled accuracy")]):
+        for r in runs:
+            ax.plot([0, 1], [r[f"{key}_before"], r[f"{key}_after"]], marker="o",
+                    label=f"seed {r['seed']} run {r['repeat']}")
+        ax.set_xticks([0, 1], ["after warm start", "after TBA"])
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")
