@@ -150,8 +150,11 @@ def main(argv=None) -> int:
 
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        if args.command not in ("train", "quickstart"):
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        # train/quickstart take Hydra overrides (key=value) anywhere; an unknown --option is a typo, refused now
+        # rather than by Hydra minutes later, after the warm start
+        options = [a for a in unknown if a.startswith("-")]
+        if args.command not in ("train", "quickstart") or options:
+            parser.error(f"unrecognized arguments: {' '.join(options or unknown)}")
         args.overrides = list(args.overrides) + unknown
     try:
         return args.fn(args)

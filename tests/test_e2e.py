@@ -129,6 +129,8 @@ def test_bad_input_is_refused_before_ray_starts(tiny_run, tmp_path):
         return subprocess.run([sys.executable, "-m", "tba_ext.cli", *args], capture_output=True, text=True,
                               timeout=300)
 
+    r = cli("quickstart", "--out", str(tmp_path / "qs"))  # a mistyped option, refused before any work
+    assert r.returncode == 2 and "unrecognized arguments: --out" in r.stderr and not (tmp_path / "qs").exists()
     r = cli("train", "--config", "cpu_tb", f"run_dir={tiny_run}", f"actor_rollout_ref.model.path={tmp_path}/none")
     assert r.returncode == 2 and "actor_rollout_ref.model.path" in r.stderr and "Traceback" not in r.stderr
     r = cli("train", "--config", "cpu_tb", f"run_dir={tiny_run}", f"data.train_files={tmp_path}/none.parquet")
