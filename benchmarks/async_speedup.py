@@ -1,9 +1,9 @@
 """Sync vs decoupled TBA on the same CPUs, for the same number of trained samples, 1 and 2 searchers.
 
-    python benchmarks/async_speedup.py [--steps 12] [--repeats 3] [--searchers 1 2] [--paced 1]
+    python benchmarks/async_speedup.py [--steps 12] [--repeats 3] [--searchers 1 2] [--paced 1] [--prompts 8]
 
-Every run trains the `small` model on the same data with the tb loss and the TBA replay sampler, 16 prompts per
-global step in 2 optimizer updates of 8 (k = 2), for ``--steps`` global steps; the first step (warm-up, initial
+Every run trains the `small` model on the same data with the tb loss and the TBA replay sampler, 2 x ``--prompts``
+prompts per global step in 2 optimizer updates (k = 2), for ``--steps`` global steps; the first step (warm-up, initial
 weight sync) is not measured, so 12 steps measure 22 updates:
 - sync: `cpu_tba` with trainer_mode=tba_sync (generation, then training, then weight sync, in turn);
 - decoupled N: `cpu_tba_decoupled` with N searcher replicas running free (a queue of 2 batches of prompts,
@@ -34,16 +34,19 @@ SYNC_PHASES = ("abort_replicas", "release_kv_cache_replicas", "build_process_gro
 
 def extra_args(parser):
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--searchers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--searchers", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--paced", type=int, nargs="*", default=[1], help="searcher counts also run paced")
     parser.add_argument("--size", default="small")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per optimizer update (2 per global step)")
 
 
-def configurations(searchers, paced):
+def configurations(searchers, paced, prompts):
     yield "sync", "cpu_tba", ["trainer.v1.trainer_mode=tba_sync"]
-    for n in searchers:
-        replicas = [f"actor_rollout_ref.rollout.n_gpus_per_node={n}", f"ray_kwargs.ray_init.num_gpus={n + 1}"]
-        yield f"decoupled_{n}", "cpu_tba_decoupled", replicas
+    for n in sorted(set(searchers) | set(paced)):
+        replicas = [f"actor_rollout_ref.rollout.n_gpus_per_node={n}", f"ray_kwargs.ray_init.num_gpus={n + 1}",
+                    f"tba.searcher_queue_prompts={4 * prompts}"]  # two global steps of 2 updates queued
+        if n in searchers:
+            yield f"decoupled_{n}", "cpu_tba_decoupled", replicas
         if n in paced:
             yield f"decoupled_{n}_paced", "cpu_tba_decoupled", replicas + ["tba.searcher_prompts_per_consumed=1.0"]
 
@@ -79,11 +82,11 @@ def spread(values):
 def main():
     args = parse_args("async_speedup", steps=12, extra=extra_args)
     run = prepare_run(args.run_dir, train_size=2000, size=args.size)
-    common = [f"run_dir={run}", f"trainer.total_training_steps={args.steps}", "data.train_batch_size=16",
-              "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    common = [f"run_dir={run}", f"trainer.total_training_steps={args.steps}", f"data.train_batch_size={2 * args.prompts}",
+              f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}"]
     runs: dict[str, list] = {}
     for repeat in range(args.repeats):
-        for name, config, extra in configurations(args.searchers, args.paced):
+        for name, config, extra in configurations(args.searchers, args.paced, args.prompts):
             metrics = f"{run}/{name}_r{repeat}.jsonl"
             print(f"== {name}, repeat {repeat + 1}/{args.repeats}", flush=True)
             start = time.time()
@@ -96,7 +99,7 @@ def main():
     sync_wall = statistics.median(r["wall_s"] for r in runs["sync"])
     sync_gen = statistics.median(r["gen_s"] for r in runs["sync"])
     sync_train = statistics.median(r["train_s"] for r in runs["sync"])
-    result = {"steps_measured": args.steps - 1, "updates_measured": 2 * (args.steps - 1), "model": args.size,
+    result = {"prompts_per_update": args.prompts, "steps_measured": args.steps - 1, "updates_measured": 2 * (args.steps - 1), "model": args.size,
               "repeats": args.repeats, "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train),
               "configurations": {}}
     for name, rs in runs.items():
