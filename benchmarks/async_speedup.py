@@ -139,6 +139,8 @@ def timeline(runs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    stages = [("timing_s/old_log_prob", "old log-probs", "tab:blue"), ("timing_s/ref", "reference", "tab:cyan"),
+              ("timing_s/update_actor", "update", "tab:purple")]
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.9 * len(runs)), squeeze=False)
     for ax, (name, r) in zip(axes[:, 0], runs.items()):
         t = 0.0
@@ -146,14 +148,19 @@ def timeline(runs, path):
             d = rec["data"]
             wait, step, sync = d["timing_s/gen"], d["timing_s/step"], d.get("tba/weight_sync_s", 0.0)
             ax.barh(2, wait, left=t, color="tab:orange")
-            ax.barh(2, step - wait - sync, left=t + wait, color="tab:blue")
+            left = t + wait
+            for key, _, color in stages:  # the trainer's own work, stage by stage (verl's timers)
+                ax.barh(2, d.get(key, 0.0), left=left, color=color)
+                left += d.get(key, 0.0)
+            ax.barh(2, max(t + step - sync - left, 0.0), left=left, color="tab:gray")
             ax.barh(2, sync, left=t + step - sync, color="tab:red")
             if "tba/searcher_idle_ratio" in d:  # measured between consecutive steps
                 ax.barh(1, step * (1.0 - d["tba/searcher_idle_ratio"]), left=t, color="tab:green")
             t += step
         ax.set_yticks([1, 2], ["searchers busy", "trainer"])
-        ax.set_title(f"{name}: trainer waiting for data (orange), training (blue), weight sync (red); "
-                     "searchers' busy share of each step (green)", fontsize=8)
+        ax.set_title(name, fontsize=8)
+    fig.suptitle("trainer: waiting for data (orange), old log-probs (blue), reference (cyan), update (purple), "
+                 "other (gray), weight sync (red); searchers busy (green)", fontsize=8)
     axes[-1, 0].set_xlabel("seconds (measured steps)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
