@@ -99,8 +99,8 @@ def main():
     sync_wall = statistics.median(r["wall_s"] for r in runs["sync"])
     sync_gen = statistics.median(r["gen_s"] for r in runs["sync"])
     sync_train = statistics.median(r["train_s"] for r in runs["sync"])
-    result = {"prompts_per_update": args.prompts, "steps_measured": args.steps - 1, "updates_measured": 2 * (args.steps - 1), "model": args.size,
-              "repeats": args.repeats, "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train),
+    result = {"prompts_per_update": args.prompts, "steps_measured": args.steps - 1,
+              "updates_measured": 2 * (args.steps - 1), "model": args.size, "repeats": args.repeats, "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train),
               "configurations": {}}
     for name, rs in runs.items():
         summary = {key: spread([r[key] for r in rs]) for key in
