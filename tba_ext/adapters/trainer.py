@@ -36,7 +36,7 @@ from verl.utils.ray_utils import auto_await
 
 from tba_ext.adapters import losses
 from tba_ext.core import tb
-from tba_ext.core.settings import check_tba_run, prompts_to_queue, step_folder, updates_per_step
+from tba_ext.core.settings import check_tba_run, dataloader_fetch, prompts_to_queue, step_folder, updates_per_step
 
 logger = logging.getLogger(__name__)
 
@@ -336,7 +336,7 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
         buffer = self.replay_buffer
         buffer._sync_metadata_from_transfer_queue()
         inflight = len(buffer.pending_keys["train"]) + len(buffer.running_keys["train"])
-        chunk = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
+        chunk = dataloader_fetch(self.config.data)
         missing = prompts_to_queue(self.tba.searcher_queue_prompts, inflight, chunk, self._submitted_prompts,
                                    self._consumed_prompts, self.tba.searcher_prompts_per_consumed)
         return self._add_prompts_to_generate(missing) if missing > 0 else 0

@@ -230,6 +230,11 @@ def check_reference_updates(cfg: Mapping[str, Any], settings: TBASettings) -> No
                          "algorithm.use_kl_in_reward nor actor_rollout_ref.actor.use_kl_loss)")
 
 
+def dataloader_fetch(data: Mapping[str, Any]) -> int:
+    """Prompts verl's dataloader hands over at once: ``data.gen_batch_size``, else ``data.train_batch_size``."""
+    return data.get("gen_batch_size") or data["train_batch_size"]
+
+
 def check_searcher_queue(cfg: Mapping[str, Any], settings: TBASettings) -> None:
     """Free-running searchers (``tba.searcher_queue_prompts``) need the decoupled trainer and room for at least
     one dataloader fetch."""
@@ -243,7 +248,7 @@ def check_searcher_queue(cfg: Mapping[str, Any], settings: TBASettings) -> None:
     if mode != "tba_separate_async":
         raise ValueError(f"tba.searcher_queue_prompts needs trainer.v1.trainer_mode=tba_separate_async (decoupled "
                          f"searchers), got {mode}")
-    chunk = cfg["data"].get("gen_batch_size") or cfg["data"]["train_batch_size"]
+    chunk = dataloader_fetch(cfg["data"])
     if queue < chunk:
         raise ValueError(f"tba.searcher_queue_prompts={queue} is below one dataloader fetch of {chunk} prompts "
                          "(data.gen_batch_size, else data.train_batch_size): nothing could be queued")
