@@ -15,13 +15,18 @@ Each configuration runs ``--repeats`` times; figures are medians with the min-ma
 speedup_vs_sync (median sync wall / median decoupled wall, wall = summed verl step time), trainer_idle_ratio
 (time waiting for data / step time), searcher_idle_ratio, weight_sync_share (weight sync / step time) and where
 the sync went (verl's stages vs the transfer), ideal_overlap ((gen + train) / max(gen, train) from the sync runs'
-own timings). JSON + table + PNG timeline of one run per configuration.
+own timings), cores_busy (machine-wide busy cores over the measured steps: run on an idle machine),
+cpu_s_per_update, cpu_work_vs_sync (decoupled CPU s per update / sync's) and cpu_bound_ceiling (cores / sync's busy
+cores: what any overlap of sync's CPU work could reach). JSON + table + PNG timeline of one run per configuration.
 """
 
 import json
 import os
 import statistics
+import threading
 import time
+
+import psutil
 
 from tba_ext.tools import report
 from tba_ext.tools.launch import run_verl
@@ -49,6 +54,47 @@ def configurations(searchers, paced, prompts):
             yield f"decoupled_{n}", "cpu_tba_decoupled", replicas
         if n in paced:
             yield f"decoupled_{n}_paced", "cpu_tba_decoupled", replicas + ["tba.searcher_prompts_per_consumed=1.0"]
+
+
+class CoreUse:
+    """Machine-wide busy cores over the measured steps (from the end of verl step 1 to the end of the last one):
+    /proc/stat's busy CPU time sampled every ``period`` s, the step ends taken from verl's metrics file growing by
+    a line. On an idle machine this is the run's own CPU use, every process of it. If sync already keeps c of the
+    n cores busy, running generation beside training can at best make it n / c times faster."""
+
+    def __init__(self, metrics_path: str, period: float = 0.25):
+        self.path, self.period, self.marks = metrics_path, period, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self._stop.is_set():
+            self._sample_once()
+            self._stop.wait(self.period)
+
+    def _sample_once(self):
+        t, cpu = time.monotonic(), psutil.cpu_times()
+        busy = sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0)
+        try:
+            with open(self.path, "rb") as f:
+                lines = f.read().count(b"\n")
+        except FileNotFoundError:
+            lines = 0
+        self.marks.setdefault(lines, (t, busy))  # first sample after step `lines` was written
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._sample_once()
+
+    def busy(self) -> tuple[float, float]:
+        """(busy CPU seconds, wall seconds) over the measured steps."""
+        (t0, b0), (t1, b1) = self.marks[1], self.marks[max(self.marks)]
+        return b1 - b0, t1 - t0
 
 
 def measure(records: list[dict]) -> dict:
@@ -90,21 +136,29 @@ def main():
             metrics = f"{run}/{name}_r{repeat}.jsonl"
             print(f"== {name}, repeat {repeat + 1}/{args.repeats}", flush=True)
             start = time.time()
-            run_verl(config, common + extra, log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics)
+            with CoreUse(metrics) as cores:
+                run_verl(config, common + extra, log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics)
             records = report.read_metrics(metrics)
-            runs.setdefault(name, []).append({"records": records, "launch_wall_s": time.time() - start,
-                                              **measure(records)})
-            print(f"   wall {runs[name][-1]['wall_s']:.1f} s, trainer idle {runs[name][-1]['trainer_idle_ratio']:.2f}",
-                  flush=True)
+            r = {"records": records, "launch_wall_s": time.time() - start, **measure(records)}
+            cpu_s, window_s = cores.busy()
+            r.update(cores_busy=cpu_s / window_s, cpu_s_per_update=cpu_s / r["updates"])
+            runs.setdefault(name, []).append(r)
+            print(f"   wall {r['wall_s']:.1f} s, trainer idle {r['trainer_idle_ratio']:.2f}, "
+                  f"{r['cores_busy']:.2f} of {psutil.cpu_count()} cores busy", flush=True)
     sync_wall = statistics.median(r["wall_s"] for r in runs["sync"])
     sync_gen = statistics.median(r["gen_s"] for r in runs["sync"])
     sync_train = statistics.median(r["train_s"] for r in runs["sync"])
+    sync_cores = statistics.median(r["cores_busy"] for r in runs["sync"])
+    sync_cpu = statistics.median(r["cpu_s_per_update"] for r in runs["sync"])
     result = {"prompts_per_update": args.prompts, "steps_measured": args.steps - 1,
-              "updates_measured": 2 * (args.steps - 1), "model": args.size, "repeats": args.repeats, "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train),
-              "configurations": {}}
+              "updates_measured": 2 * (args.steps - 1), "model": args.size, "repeats": args.repeats,
+              "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train), "cores": psutil.cpu_count(),
+              # the fastest any overlap could make the sync run's CPU work on these cores
+              "cpu_bound_ceiling": psutil.cpu_count() / sync_cores, "configurations": {}}
     for name, rs in runs.items():
         summary = {key: spread([r[key] for r in rs]) for key in
-                   ("wall_s", "trainer_idle_ratio", "weight_sync_share", "weight_sync_s_per_step")}
+                   ("wall_s", "trainer_idle_ratio", "weight_sync_share", "weight_sync_s_per_step", "cores_busy",
+                    "cpu_s_per_update")}
         for key in ("searcher_idle_ratio", "trajectories_generated_per_s", "trajectories_consumed_per_s",
                     "unseen_group_frac", "staleness_mean", "searcher_prompts_ahead"):
             if all(key in r for r in rs):
@@ -116,20 +170,25 @@ def main():
         if name != "sync":
             summary["speedup_vs_sync"] = sync_wall / summary["wall_s"]["median"]
             summary["speedup_vs_sync_per_repeat"] = [s["wall_s"] / d["wall_s"] for s, d in zip(runs["sync"], rs)]
+            # CPU work per trained update relative to sync: above 1, the decoupled machinery costs CPU the overlap
+            # would need
+            summary["cpu_work_vs_sync"] = summary["cpu_s_per_update"]["median"] / sync_cpu
         result["configurations"][name] = summary
     result["goals"] = {"speedup_vs_sync": 1.5, "trainer_idle_ratio": 0.1, "weight_sync_share": 0.1}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"{'run':<18} | {'wall s (median, min-max)':>24} | {'speedup':>7} | {'trainer idle':>12} | "
-          f"{'searcher idle':>13} | {'sync share':>10}")
+          f"{'searcher idle':>13} | {'sync share':>10} | {'cores busy':>10} | {'CPU s/update':>12}")
     for name, s in result["configurations"].items():
         wall = s["wall_s"]
         print(f"{name:<18} | {wall['median']:>8.1f} ({wall['min']:.1f}-{wall['max']:.1f}) {'':>6} | "
               f"{s.get('speedup_vs_sync', 1.0):>6.2f}x | {s['trainer_idle_ratio']['median']:>12.2f} | "
               f"{s.get('searcher_idle_ratio', {}).get('median', float('nan')):>13.2f} | "
-              f"{s['weight_sync_share']['median']:>10.3f}")
-    print(f"ideal overlap from the sync runs' own timings: {result['ideal_overlap']:.2f}x; written to {args.out}")
+              f"{s['weight_sync_share']['median']:>10.3f} | {s['cores_busy']['median']:>10.2f} | "
+              f"{s['cpu_s_per_update']['median']:>12.2f}")
+    print(f"ideal overlap from the sync runs' own timings: {result['ideal_overlap']:.2f}x; CPU-bound ceiling "
+          f"({result['cores']} cores / sync's busy cores): {result['cpu_bound_ceiling']:.2f}x; written to {args.out}")
     timeline({name: rs[0] for name, rs in runs.items()}, args.out.replace(".json", ".png"))
 
 
