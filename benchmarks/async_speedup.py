@@ -1,10 +1,14 @@
 """Sync vs decoupled TBA on the same CPUs, for the same number of trained samples, 1 and 2 searchers.
 
     python benchmarks/async_speedup.py [--steps 12] [--repeats 3] [--searchers 1 2] [--paced 1] [--prompts 8]
+                                       [--sync-every 2]
 
-Every run trains the `small` model on the same data with the tb loss and the TBA replay sampler, 2 x ``--prompts``
-prompts per global step in 2 optimizer updates (k = 2), for ``--steps`` global steps; the first step (warm-up, initial
-weight sync) is not measured, so 12 steps measure 22 updates:
+Every run trains the `small` model on the same data with the tb loss and the TBA replay sampler, k x ``--prompts``
+prompts per global step in k optimizer updates (k = ``--sync-every``, the decoupled runs' parameter_sync_step), for
+``--steps`` global steps; the first step (warm-up, initial weight sync) is not measured, so 12 steps of k = 2
+measure 22 updates. With k = 2 verl's sync trainer computes the old and reference log-probs once for both updates
+where separate_async computes them per update; with k = 1 both make the same trainer calls per update, and the
+decoupled run syncs weights after every update:
 - sync: `cpu_tba` with trainer_mode=tba_sync (generation, then training, then weight sync, in turn);
 - decoupled N: `cpu_tba_decoupled` with N searcher replicas running free (a queue of 2 batches of prompts,
   topped up before every update; the trainer trains on the store without waiting for fresh groups);
@@ -42,14 +46,17 @@ def extra_args(parser):
     parser.add_argument("--searchers", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--paced", type=int, nargs="*", default=[1], help="searcher counts also run paced")
     parser.add_argument("--size", default="small")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per optimizer update (2 per global step)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per optimizer update")
+    parser.add_argument("--sync-every", type=int, default=2,
+                        help="k: optimizer updates per global step (sync) and per weight sync (decoupled)")
 
 
-def configurations(searchers, paced, prompts):
+def configurations(searchers, paced, prompts, sync_every):
     yield "sync", "cpu_tba", ["trainer.v1.trainer_mode=tba_sync"]
     for n in sorted(set(searchers) | set(paced)):
         replicas = [f"actor_rollout_ref.rollout.n_gpus_per_node={n}", f"ray_kwargs.ray_init.num_gpus={n + 1}",
-                    f"tba.searcher_queue_prompts={4 * prompts}"]  # two global steps of 2 updates queued
+                    f"trainer.v1.separate_async.parameter_sync_step={sync_every}",
+                    f"tba.searcher_queue_prompts={4 * prompts}"]  # four updates' prompts queued
         if n in searchers:
             yield f"decoupled_{n}", "cpu_tba_decoupled", replicas
         if n in paced:
@@ -97,7 +104,7 @@ class CoreUse:
         return b1 - b0, t1 - t0
 
 
-def measure(records: list[dict]) -> dict:
+def measure(records: list[dict], updates_per_step: int) -> dict:
     d = [x["data"] for x in records[1:]]  # step 1 holds the warm-up and the initial weight sync
     step = sum(x["timing_s/step"] for x in d)
     gen = sum(x["timing_s/gen"] for x in d)
@@ -105,7 +112,7 @@ def measure(records: list[dict]) -> dict:
     out = {
         "wall_s": step, "gen_s": gen, "train_s": step - gen, "trainer_idle_ratio": gen / step,
         "weight_sync_s_per_step": sync / len(d), "weight_sync_share": sync / step,
-        "updates": 2 * len(d),
+        "updates": updates_per_step * len(d),
     }
     idle = [x["tba/searcher_idle_ratio"] for x in d if "tba/searcher_idle_ratio" in x]
     if idle:
@@ -128,18 +135,19 @@ def spread(values):
 def main():
     args = parse_args("async_speedup", steps=12, extra=extra_args)
     run = prepare_run(args.run_dir, train_size=2000, size=args.size)
-    common = [f"run_dir={run}", f"trainer.total_training_steps={args.steps}", f"data.train_batch_size={2 * args.prompts}",
+    k = args.sync_every
+    common = [f"run_dir={run}", f"trainer.total_training_steps={args.steps}", f"data.train_batch_size={k * args.prompts}",
               f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}"]
     runs: dict[str, list] = {}
     for repeat in range(args.repeats):
-        for name, config, extra in configurations(args.searchers, args.paced, args.prompts):
+        for name, config, extra in configurations(args.searchers, args.paced, args.prompts, k):
             metrics = f"{run}/{name}_r{repeat}.jsonl"
             print(f"== {name}, repeat {repeat + 1}/{args.repeats}", flush=True)
             start = time.time()
             with CoreUse(metrics) as cores:
                 run_verl(config, common + extra, log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics)
             records = report.read_metrics(metrics)
-            r = {"records": records, "launch_wall_s": time.time() - start, **measure(records)}
+            r = {"records": records, "launch_wall_s": time.time() - start, **measure(records, k)}
             cpu_s, window_s = cores.busy()
             r.update(cores_busy=cpu_s / window_s, cpu_s_per_update=cpu_s / r["updates"])
             runs.setdefault(name, []).append(r)
@@ -150,8 +158,8 @@ def main():
     sync_train = statistics.median(r["train_s"] for r in runs["sync"])
     sync_cores = statistics.median(r["cores_busy"] for r in runs["sync"])
     sync_cpu = statistics.median(r["cpu_s_per_update"] for r in runs["sync"])
-    result = {"prompts_per_update": args.prompts, "steps_measured": args.steps - 1,
-              "updates_measured": 2 * (args.steps - 1), "model": args.size, "repeats": args.repeats,
+    result = {"prompts_per_update": args.prompts, "updates_per_sync": k, "steps_measured": args.steps - 1,
+              "updates_measured": k * (args.steps - 1), "model": args.size, "repeats": args.repeats,
               "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train), "cores": psutil.cpu_count(),
               # the fastest any overlap could make the sync run's CPU work on these cores
               "cpu_bound_ceiling": psutil.cpu_count() / sync_cores, "configurations": {}}

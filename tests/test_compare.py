@@ -65,6 +65,21 @@ def _part(seed: int, gain: float) -> dict:
             "runs": [run], "curves": {"TB s=0": [curve]}}
 
 
+def test_summary_reports_the_share_of_the_on_policy_gain_kept_off_policy():
+    from tba_ext.tools.compare import summarise
+
+    def run(method, s, seed, gain):
+        return {"method": method, "staleness": s, "seed": seed, "accuracy_before": 0.3, "accuracy_after": 0.3 + gain,
+                "sampled_before": 0.3, "sampled_after": 0.3 + gain, "wall_s": 1.0}
+
+    summary = summarise([run("TB", 0, 0, 0.10), run("TB", 0, 1, 0.30), run("TB", 10, 0, 0.05), run("TB", 10, 1, 0.13),
+                         run("Dr. GRPO", 0, 0, -0.1), run("Dr. GRPO", 10, 0, 0.1), run("TBA'", 10, 0, 0.1)])
+    assert summary["TB"]["10"]["gain_kept"] == pytest.approx(0.09 / 0.20)
+    assert summary["TB"]["0"]["sampled_gain_kept"] == pytest.approx(1.0)
+    assert summary["Dr. GRPO"]["10"]["gain_kept"] is None  # no on-policy gain to keep
+    assert summary["TBA'"]["10"]["gain_kept"] is None  # no on-policy run
+
+
 def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_path):
     from tba_ext.tools.compare import merge
 
@@ -78,6 +93,7 @@ def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_pat
     assert merged["seeds"] == [0, 1] and tb["n_seeds"] == 2
     assert tb["gain_mean"] == pytest.approx(0.2) and tb["gain_sd"] == pytest.approx(0.2 / 2 ** 0.5)  # sd of 0.1, 0.3
     assert tb["sampled_gain_mean"] == pytest.approx(0.1)
+    assert tb["gain_kept"] == pytest.approx(1.0)
     assert (tmp_path / "grid" / "accuracy_vs_updates.png").stat().st_size > 10_000
     other = _part(2, 0.0)
     other["steps"] = 20

@@ -37,7 +37,9 @@ def interval95(values: list[float]) -> tuple[float, float, float]:
 
 
 def summarise(results: list[dict]) -> dict:
-    """Per method and staleness: gain (after - before, held-out greedy) mean, sd, 95 % interval, n."""
+    """Per method and staleness: gain (after - before, held-out greedy) mean, sd, 95 % interval, n; and the share
+    of the method's on-policy (s = 0) mean gain it keeps (``gain_kept``, ``sampled_gain_kept``; None without a
+    positive s = 0 gain)."""
     out: dict = {}
     for r in results:
         out.setdefault(r["method"], {}).setdefault(str(r["staleness"]), []).append(r)
@@ -53,7 +55,17 @@ def summarise(results: list[dict]) -> dict:
                                   "sampled_gain_mean": s_mean, "sampled_gain_sd": s_sd, "sampled_gain_ci95": s_half,
                                   "accuracy_after_mean": float(np.mean([r["accuracy_after"] for r in rows])),
                                   "wall_s_mean": float(np.mean([r["wall_s"] for r in rows]))}
+    for by_s in summary.values():  # issue 14's goal: how much of its on-policy gain a method keeps off-policy
+        on_policy = by_s.get("0")
+        for cell in by_s.values():
+            for key in ("gain", "sampled_gain"):
+                base = on_policy[f"{key}_mean"] if on_policy else 0.0
+                cell[f"{key}_kept"] = cell[f"{key}_mean"] / base if base > 0 else None
     return summary
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _band_plot(curves: dict, path: str, x: str) -> None:
@@ -171,6 +183,7 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
              "held-out gain (mean +- sd)": f"{v['gain_mean']:+.3f} +- {v['gain_sd']:.3f}",
              "95% interval": f"[{v['gain_mean'] - v['gain_ci95']:+.3f}, {v['gain_mean'] + v['gain_ci95']:+.3f}]",
              "sampled gain (mean +- sd)": f"{v['sampled_gain_mean']:+.3f} +- {v['sampled_gain_sd']:.3f}",
+             "s = 0 gain kept (greedy, sampled)": f"{_share(v['gain_kept'])}, {_share(v['sampled_gain_kept'])}",
              "wall s": f"{v['wall_s_mean']:.0f}"}
             for m, by_s in summary.items() for s, v in by_s.items()]
     table = report.md_table(rows, list(rows[0]))
