@@ -64,6 +64,10 @@ def summarise(results: list[dict]) -> dict:
     return summary
 
 
+def _method_order(method: str) -> int:
+    return list(METHODS).index(method) if method in METHODS else len(METHODS)
+
+
 def _share(value) -> str:
     return "-" if value is None else f"{value:.0%}"
 
@@ -185,7 +189,8 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
              "sampled gain (mean +- sd)": f"{v['sampled_gain_mean']:+.3f} +- {v['sampled_gain_sd']:.3f}",
              "s = 0 gain kept (greedy, sampled)": f"{_share(v['gain_kept'])}, {_share(v['sampled_gain_kept'])}",
              "wall s": f"{v['wall_s_mean']:.0f}"}
-            for m, by_s in summary.items() for s, v in by_s.items()]
+            for m, by_s in sorted(summary.items(), key=lambda kv: _method_order(kv[0]))
+            for s, v in sorted(by_s.items(), key=lambda kv: int(kv[0]))]
     table = report.md_table(rows, list(rows[0]))
     with open(f"{run_dir}/report.md", "w") as f:
         f.write("# TB vs TBA' vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds; staleness s bounds "
