@@ -10,7 +10,7 @@ measure 22 updates. With k = 2 verl's sync trainer computes the old and referenc
 where separate_async computes them per update; with k = 1 both make the same trainer calls per update, and the
 decoupled run syncs weights after every update:
 - sync: `cpu_tba` with trainer_mode=tba_sync (generation, then training, then weight sync, in turn);
-- decoupled N: `cpu_tba_decoupled` with N searcher replicas running free (a queue of 2 batches of prompts,
+- decoupled N: `cpu_tba_decoupled` with N searcher replicas running free (a queue of four updates' prompts,
   topped up before every update; the trainer trains on the store without waiting for fresh groups);
 - decoupled N paced (``--paced``): the same, with ``tba.searcher_prompts_per_consumed=1.0``: the searchers stay
   at most the queue ahead of what the trainer consumes, instead of generating as fast as they can on the cores
