@@ -19,7 +19,7 @@ from tba_ext.core.settings import hf_model_dir
 from tba_ext.tools.evaluate import greedy_accuracy
 from tba_ext.tools.launch import run_verl
 from tba_ext.tools.models import ModelSpec, make_model
-from tba_ext.tools.recipe import EVAL_SAMPLES, FULL, SHORT, method_overrides, training_overrides
+from tba_ext.tools.recipe import EVAL_SAMPLES, FULL, METHODS, SHORT, method_overrides, training_overrides
 from tba_ext.tasks.data import corpus_for, write_task
 from tba_ext.tools.warmstart import warm_start
 
@@ -27,11 +27,11 @@ STALL_TIMEOUT_S = 600  # a CPU step takes seconds: ten minutes without one means
 
 
 def rl_overrides(run_dir: str, p: dict, seed: int, extra: list[str] | None = None) -> list[str]:
-    """The quickstart's run: TB at the recipe's staleness, saved with a Hugging Face copy at the end."""
+    """The quickstart's run: the recipe's method at its staleness, saved with a Hugging Face copy at the end."""
     steps = p["rl_steps"]
     return [
         *training_overrides(run_dir, p, seed, steps),
-        *method_overrides("TB", p["staleness"], p["recency_prob"]),
+        *method_overrides(p["method"], p["staleness"], p["recency_prob"]),
         f"trainer.save_freq={steps}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "actor_rollout_ref.actor.checkpoint.load_contents=[model,optimizer,extra]",
@@ -67,10 +67,12 @@ def quickstart(run_dir: str, short: bool = False, seed: int = 0, overrides: list
     print(f"      held-out accuracy after warm start: greedy {before['accuracy']:.3f}, sampled "
           f"{before['sampled_accuracy']:.3f}", flush=True)
 
-    print(f"[4/5] TBA training with verl: {p['rl_steps']} steps (tb + replay, colocate_async)", flush=True)
+    config = METHODS[p["method"]][0]
+    print(f"[4/5] {p['method']} training with verl ({config}, replay, generation {p['staleness']} batch ahead): "
+          f"{p['rl_steps']} steps", flush=True)
     metrics_path = f"{run_dir}/metrics.jsonl"
     t_rl = time.time()
-    run_verl("cpu_tba", rl_overrides(run_dir, p, seed, overrides), log_path=f"{run_dir}/verl.log",
+    run_verl(config, rl_overrides(run_dir, p, seed, overrides), log_path=f"{run_dir}/verl.log",
              metrics_path=metrics_path, stall_timeout=STALL_TIMEOUT_S)
     rl_seconds = time.time() - t_rl
 
