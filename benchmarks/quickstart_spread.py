@@ -17,6 +17,7 @@ import statistics
 from tba_ext.tools import report
 from tba_ext.tools.compare import interval95
 from tba_ext.tools.quickstart import quickstart
+from tba_ext.tools.recipe import FULL
 
 
 def main():
@@ -47,6 +48,7 @@ def main():
     sampled = [r["sampled_after"] - r["sampled_before"] for r in runs]
     s_mean, s_sd, s_half = interval95(sampled)
     result = {
+        "recipe": FULL,  # the quickstart's recipe these runs used (the objective: recipe["method"])
         "runs": runs,
         "gain_mean": mean, "gain_sd": sd, "gain_ci95": half,
         "sampled_gain_mean": s_mean, "sampled_gain_sd": s_sd, "sampled_gain_ci95": s_half,

@@ -3,7 +3,7 @@
 1. build a Qwen2-architecture model and a BPE tokenizer offline;
 2. write the arithmetic task (train/test parquet);
 3. supervised warm start (plain torch loop, see warmstart.py);
-4. TBA with verl: the tb objective + the replay buffer in colocate_async mode (config ``cpu_tba``), with
+4. TBA with verl: the recipe's objective (``recipe.FULL["method"]``) + the replay buffer in colocate_async mode, with
    verl's greedy validation on the held-out split before and after training;
 5. report: metrics.jsonl, report.md, PNG curves, and the trained model in Hugging Face format.
 """
@@ -83,7 +83,7 @@ def quickstart(run_dir: str, short: bool = False, seed: int = 0, overrides: list
     after = greedy_accuracy(final_model, f"{run_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)
     records = report.add_elapsed(report.read_metrics(metrics_path))
     summary = {
-        "run_dir": run_dir, "short": short, "seed": seed, **info,
+        "run_dir": run_dir, "short": short, "seed": seed, "method": p["method"], **info,
         "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"], "test_prompts": after["n"],
         "sampled_before": before["sampled_accuracy"], "sampled_after": after["sampled_accuracy"],
         "rl_steps": p["rl_steps"], "rl_seconds": rl_seconds, "total_seconds": time.time() - start,
@@ -102,9 +102,10 @@ def quickstart(run_dir: str, short: bool = False, seed: int = 0, overrides: list
 
 
 def write_report(run_dir: str, summary: dict, records: list[dict]) -> None:
-    panels = [("critic/score/mean", "train reward"), ("actor/tb/residual_var", "TB loss (residual variance)"),
-              ("tb/kl", "KL to reference"), ("replay/staleness_mean", "staleness (versions)"),
-              ("replay/fraction", "replay fraction")]
+    objective = (("actor/tb/residual_var", "TB loss (residual variance)") if summary["method"] == "TB" else
+                 ("tb/mean_abs_advantage", "|TB advantage| (TBA' policy-gradient weight)"))
+    panels = [("critic/score/mean", "train reward"), objective, ("tb/kl", "KL to reference"),
+              ("replay/staleness_mean", "staleness (versions)"), ("replay/fraction", "replay fraction")]
     report.plot_runs({"tba": records}, panels, f"{run_dir}/curves.png", title="tba-ext quickstart")
     lines = [
         "# tba-ext quickstart",
@@ -116,7 +117,8 @@ def write_report(run_dir: str, summary: dict, records: list[dict]) -> None:
         report.md_table([
             {"stage": "after warm start (SFT)", "held-out greedy accuracy": summary["accuracy_before"],
              "held-out sampled accuracy": summary["sampled_before"]},
-            {"stage": f"after {summary['rl_steps']} TBA steps", "held-out greedy accuracy": summary["accuracy_after"],
+            {"stage": f"after {summary['rl_steps']} TBA steps ({summary['method']} objective)",
+             "held-out greedy accuracy": summary["accuracy_after"],
              "held-out sampled accuracy": summary["sampled_after"]},
         ], ["stage", "held-out greedy accuracy", "held-out sampled accuracy"]),
         "",
