@@ -70,8 +70,8 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
         assert len(searchers) == 2  # each searcher is its own Ray actor process, apart from the trainer
         # searchers yield the shared cores to the trainer's workers (hf_rollout.DEFAULT_SEARCHER_NICE)
         trainers = [p for p in session_pids(sid) if "WorkerDict" in cmdline(p)]
-        assert trainers and all(psutil.Process(p).nice() == 0 for p in trainers)
-        assert all(psutil.Process(p).nice() == 10 for p in searchers)
+        assert trainers and max(psutil.Process(p).nice() for p in trainers) < min(psutil.Process(p).nice()
+                                                                                 for p in searchers)
         os.kill(searchers[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=900)
     finally:

@@ -132,31 +132,32 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
 
 SEARCHER_NICE_ENV = "TBA_EXT_SEARCHER_NICE"
 # Searchers yield the cores to the trainer. On a GPU machine they have devices of their own; on shared CPU cores
-# a searcher generating for the queue ahead halved the speed of the trainer's next call (measured: the old-log-prob
-# call after a weight sync took 0.34 s instead of sync's 0.17 s), and the trainer's chain of calls is what bounds
-# a decoupled run. At niceness 10 a searcher still gets every cycle the trainer leaves idle.
+# a searcher generating for the queue ahead competes with the trainer's calls, whose chain bounds a decoupled run.
+# Relative to the process's niceness: Ray already starts every worker at 15, so a searcher goes to 19 (the
+# kernel's cap), the trainer's workers stay at 15. A searcher still gets every cycle the trainer leaves idle.
 DEFAULT_SEARCHER_NICE = 10
 
 
 def searcher_niceness() -> int:
-    """The niceness a searcher process runs at, from ``TBA_EXT_SEARCHER_NICE`` (0: the trainer's priority)."""
+    """How many niceness levels a searcher process lowers its priority by, from ``TBA_EXT_SEARCHER_NICE``
+    (0: the trainer's priority)."""
     raw = os.environ.get(SEARCHER_NICE_ENV, str(DEFAULT_SEARCHER_NICE))
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{SEARCHER_NICE_ENV}={raw!r}: expected a niceness 0-19 (0: no priority change)") from None
+        raise ValueError(f"{SEARCHER_NICE_ENV}={raw!r}: expected a niceness increment 0-19 (0: no change)") from None
     if not 0 <= value <= 19:
-        raise ValueError(f"{SEARCHER_NICE_ENV}={value}: expected a niceness 0-19 (a process may only lower its own)")
+        raise ValueError(f"{SEARCHER_NICE_ENV}={value}: expected a niceness increment 0-19 (a process may only "
+                         "lower its own priority)")
     return value
 
 
 def _yield_cores_to_trainer() -> int:
-    """In a searcher's own Ray actor process, lower its priority to ``searcher_niceness()``; a server built in
+    """In a searcher's own Ray actor process, lower its priority by ``searcher_niceness()``; a server built in
     the calling process (tests, tools) leaves that process alone. Returns the process's niceness."""
-    target = searcher_niceness()
-    in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-    if in_actor and os.getpriority(os.PRIO_PROCESS, 0) < target:
-        os.setpriority(os.PRIO_PROCESS, 0, target)
+    increment = searcher_niceness()
+    if increment and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        return os.nice(increment)
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
