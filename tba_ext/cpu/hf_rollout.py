@@ -10,6 +10,7 @@ server collects every request that arrives while a batch is generating and runs 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -152,13 +153,19 @@ def searcher_niceness() -> int:
     return value
 
 
-def _yield_cores_to_trainer() -> int:
-    """In a searcher's own Ray actor process, lower its priority by ``searcher_niceness()``; a server built in
-    the calling process (tests, tools) leaves that process alone. Returns the process's niceness."""
+def _yield_cores_to_trainer() -> int | None:
+    """In a searcher's own Ray actor process, lower the priority of all its threads by ``searcher_niceness()``
+    (on Linux niceness belongs to a thread; generation threads started later set it themselves, ``_generate``).
+    A server built in the calling process (tests, tools) leaves that process alone: returns None."""
     increment = searcher_niceness()
-    if increment and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
-        return os.nice(increment)
-    return os.getpriority(os.PRIO_PROCESS, 0)
+    if not increment or not (ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None):
+        return None
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + increment)
+    for tid in map(int, os.listdir("/proc/self/task")):
+        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+            if os.getpriority(os.PRIO_PROCESS, tid) < target:
+                os.setpriority(os.PRIO_PROCESS, tid, target)
+    return target
 
 
 class HFCPUServer:
@@ -232,9 +239,7 @@ class HFCPUServer:
                     start = time.perf_counter()
                     _trace({"event": "generate_begin", "requests": len(batch)})
                     try:
-                        results = await asyncio.to_thread(
-                            generate_batch, self.model, batch, self.pad_token_id, self.eos_token_ids
-                        )
+                        results = await asyncio.to_thread(self._generate, batch)
                     except Exception as exc:  # surface the failure to every waiting request
                         for r in batch:
                             r.future.set_exception(exc)
@@ -319,7 +324,7 @@ class HFCPUServer:
             batches=self.batches,
             mean_batch_size=(sum(self.batch_sizes) / len(self.batch_sizes)) if self.batch_sizes else 0.0,
             busy_seconds=self.busy_seconds,
-            niceness=self.niceness,
+            niceness=self.niceness if self.niceness is not None else os.getpriority(os.PRIO_PROCESS, 0),
         )
 
     def _checksum(self) -> float:
@@ -360,6 +365,12 @@ class HFCPUServer:
 
     async def start_profile(self, *args, **kwargs):
         return None
+
+    def _generate(self, batch: list) -> list[dict]:
+        """One batch, in a worker thread at the searcher's niceness (a thread's own, set on its first batch)."""
+        if self.niceness is not None and os.getpriority(os.PRIO_PROCESS, 0) < self.niceness:
+            os.setpriority(os.PRIO_PROCESS, 0, self.niceness)
+        return generate_batch(self.model, batch, self.pad_token_id, self.eos_token_ids)
 
     async def stop_profile(self, *args, **kwargs):
         return None
