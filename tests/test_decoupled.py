@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from tba_ext.tools.processes import children, cmdline, session_pids
@@ -68,10 +67,6 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
         sid = verl_session(proc)
         searchers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
         assert len(searchers) == 2  # each searcher is its own Ray actor process, apart from the trainer
-        # searchers yield the shared cores to the trainer's workers (hf_rollout.DEFAULT_SEARCHER_NICE)
-        trainers = [p for p in session_pids(sid) if "WorkerDict" in cmdline(p)]
-        assert trainers and max(psutil.Process(p).nice() for p in trainers) < min(psutil.Process(p).nice()
-                                                                                 for p in searchers)
         os.kill(searchers[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=900)
     finally:

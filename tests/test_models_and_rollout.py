@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import os
 
 import pytest
 import torch
@@ -168,20 +167,3 @@ def test_server_refuses_a_missing_model_dir(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="actor_rollout_ref.model.path"):
         HFCPUServer(str(tmp_path / "nope"), 32, 8, 0)
-
-
-@pytest.mark.parametrize("value", ["high", "25", "-5"])
-def test_searcher_niceness_refuses_bad_values_naming_the_variable(monkeypatch, value):
-    from tba_ext.cpu.hf_rollout import searcher_niceness
-
-    monkeypatch.setenv("TBA_EXT_SEARCHER_NICE", value)
-    with pytest.raises(ValueError, match="TBA_EXT_SEARCHER_NICE"):
-        searcher_niceness()
-
-
-def test_a_server_built_outside_ray_leaves_the_calling_process_priority_alone(tiny_run):
-    from tba_ext.cpu.hf_rollout import HFCPUServer
-
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    server = HFCPUServer(str(tiny_run / "model"), prompt_length=32, response_length=8, seed=0)
-    assert server.niceness is None and os.getpriority(os.PRIO_PROCESS, 0) == before

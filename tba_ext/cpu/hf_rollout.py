@@ -10,7 +10,6 @@ server collects every request that arrives while a batch is generating and runs 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -131,43 +130,6 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
     return results
 
 
-SEARCHER_NICE_ENV = "TBA_EXT_SEARCHER_NICE"
-# Searchers yield the cores to the trainer. On a GPU machine they have devices of their own; on shared CPU cores
-# a searcher generating for the queue ahead competes with the trainer's calls, whose chain bounds a decoupled run.
-# Relative to the process's niceness: Ray already starts every worker at 15, so a searcher goes to 19 (the
-# kernel's cap), the trainer's workers stay at 15. A searcher still gets every cycle the trainer leaves idle.
-DEFAULT_SEARCHER_NICE = 10
-
-
-def searcher_niceness() -> int:
-    """How many niceness levels a searcher process lowers its priority by, from ``TBA_EXT_SEARCHER_NICE``
-    (0: the trainer's priority)."""
-    raw = os.environ.get(SEARCHER_NICE_ENV, str(DEFAULT_SEARCHER_NICE))
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{SEARCHER_NICE_ENV}={raw!r}: expected a niceness increment 0-19 (0: no change)") from None
-    if not 0 <= value <= 19:
-        raise ValueError(f"{SEARCHER_NICE_ENV}={value}: expected a niceness increment 0-19 (a process may only "
-                         "lower its own priority)")
-    return value
-
-
-def _yield_cores_to_trainer() -> int | None:
-    """In a searcher's own Ray actor process, lower the priority of all its threads by ``searcher_niceness()``
-    (on Linux niceness belongs to a thread; generation threads started later set it themselves, ``_generate``).
-    A server built in the calling process (tests, tools) leaves that process alone: returns None."""
-    increment = searcher_niceness()
-    if not increment or not (ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None):
-        return None
-    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + increment)
-    for tid in map(int, os.listdir("/proc/self/task")):
-        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
-            if os.getpriority(os.PRIO_PROCESS, tid) < target:
-                os.setpriority(os.PRIO_PROCESS, tid, target)
-    return target
-
-
 class HFCPUServer:
     """Ray actor holding one HF model copy; generation batches run in a thread. New weights are received at once
     and applied between batches: a batch runs to completion with the weights it started with (and is stamped
@@ -175,7 +137,6 @@ class HFCPUServer:
 
     def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int, max_batch: int = 256):
         torch.set_num_threads(int(os.environ.get("TBA_EXT_ROLLOUT_THREADS", "1")))
-        self.niceness = _yield_cores_to_trainer()
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if not os.path.isdir(model_path):
@@ -239,7 +200,9 @@ class HFCPUServer:
                     start = time.perf_counter()
                     _trace({"event": "generate_begin", "requests": len(batch)})
                     try:
-                        results = await asyncio.to_thread(self._generate, batch)
+                        results = await asyncio.to_thread(
+                            generate_batch, self.model, batch, self.pad_token_id, self.eos_token_ids
+                        )
                     except Exception as exc:  # surface the failure to every waiting request
                         for r in batch:
                             r.future.set_exception(exc)
@@ -324,7 +287,6 @@ class HFCPUServer:
             batches=self.batches,
             mean_batch_size=(sum(self.batch_sizes) / len(self.batch_sizes)) if self.batch_sizes else 0.0,
             busy_seconds=self.busy_seconds,
-            niceness=self.niceness if self.niceness is not None else os.getpriority(os.PRIO_PROCESS, 0),
         )
 
     def _checksum(self) -> float:
@@ -366,12 +328,6 @@ class HFCPUServer:
     async def start_profile(self, *args, **kwargs):
         return None
 
-    def _generate(self, batch: list) -> list[dict]:
-        """One batch, in a worker thread at the searcher's niceness (a thread's own, set on its first batch)."""
-        if self.niceness is not None and os.getpriority(os.PRIO_PROCESS, 0) < self.niceness:
-            os.setpriority(os.PRIO_PROCESS, 0, self.niceness)
-        return generate_batch(self.model, batch, self.pad_token_id, self.eos_token_ids)
-
     async def stop_profile(self, *args, **kwargs):
         return None
 
@@ -393,7 +349,7 @@ class HFCPUReplica(RolloutReplica):
             max_restarts=-1,  # a searcher that dies is restarted by Ray and reloads the newest weights
             max_task_retries=0,
             max_concurrency=self.max_concurrency,
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", SEARCHER_NICE_ENV: str(searcher_niceness())}},
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
         ).remote(
             model_path=getattr(self.model_config, "local_path", None) or self.model_config.path,
             prompt_length=self.config.prompt_length,
