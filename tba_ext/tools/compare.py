@@ -112,6 +112,7 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
 def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), methods=tuple(METHODS),
             steps: int | None = None, eval_every: int | None = None, results_path: str | None = None) -> dict:
     p = dict(SHORT if short else FULL)
+    p.pop("method")  # the quickstart's objective; compare runs each of ``methods``
     steps = steps or (3 if short else p["rl_steps"])
     eval_every = eval_every or steps
     unknown = set(methods) - set(METHODS)
