@@ -67,9 +67,9 @@ def quickstart(run_dir: str, short: bool = False, seed: int = 0, overrides: list
     print(f"      held-out accuracy after warm start: greedy {before['accuracy']:.3f}, sampled "
           f"{before['sampled_accuracy']:.3f}", flush=True)
 
-    config = METHODS[p["method"]][0]
-    print(f"[4/5] {p['method']} training with verl ({config}, replay, generation {p['staleness']} batch ahead): "
-          f"{p['rl_steps']} steps", flush=True)
+    config, _, replay = METHODS[p["method"]]
+    print(f"[4/5] {p['method']} training with verl ({config}{', replay' if replay else ''}, generation "
+          f"{p['staleness']} batch ahead): {p['rl_steps']} steps", flush=True)
     metrics_path = f"{run_dir}/metrics.jsonl"
     t_rl = time.time()
     run_verl(config, rl_overrides(run_dir, p, seed, overrides), log_path=f"{run_dir}/verl.log",
