@@ -63,14 +63,54 @@ def configurations(searchers, paced, prompts, sync_every):
             yield f"decoupled_{n}_paced", "cpu_tba_decoupled", replicas + ["tba.searcher_prompts_per_consumed=1.0"]
 
 
+# Which part of a run a process is, from the title Ray gives it ("ray::<Actor class>[.<method>]"); a process keeps
+# the last role it showed (a pooled worker is "ray::IDLE" until it hosts an actor).
+ROLES = (("WorkerDict", "trainer workers"), ("TaskRunner", "trainer loop"), ("HFCPUServer", "searcher model"),
+         ("vLLM", "searcher model"), ("AgentLoopWorker", "agent loop"), ("RewardLoopWorker", "reward loop"),
+         ("GlobalRequestLoadBalancer", "load balancer"), ("TransferQueue", "TransferQueue"),
+         ("SimpleStorageUnit", "TransferQueue"))
+OTHER_RAY, SYSTEM = "other Ray actors", "Ray system, driver"
+
+
+def process_role(title: str, previous: str | None) -> str:
+    if not title.startswith("ray::"):
+        return previous or SYSTEM
+    for prefix, role in ROLES:
+        if title[5:].startswith(prefix):
+            return role
+    return previous or OTHER_RAY
+
+
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the threads of ``pid`` have spent runnable but waiting for a core (/proc/<pid>/task/*/schedstat)."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 class CoreUse:
     """Machine-wide busy cores over the measured steps (from the end of verl step 1 to the end of the last one):
     /proc/stat's busy CPU time sampled every ``period`` s, the step ends taken from verl's metrics file growing by
     a line. On an idle machine this is the run's own CPU use, every process of it. If sync already keeps c of the
-    n cores busy, running generation beside training can at best make it n / c times faster."""
+    n cores busy, running generation beside training can at best make it n / c times faster.
+
+    Where the CPU goes: each sample also reads the CPU time of every process of this user by role (trainer
+    workers, searcher model, agent loop, ...; ``process_role``) and how long the trainer workers' threads waited
+    in the run queue for a core: time the trainer's chain of calls lost to the other processes."""
 
     def __init__(self, metrics_path: str, period: float = 0.25):
         self.path, self.period, self.marks = metrics_path, period, {}
+        self.roles: dict[int, str] = {}
+        self._user = psutil.Process().username()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -78,6 +118,19 @@ class CoreUse:
         while not self._stop.is_set():
             self._sample_once()
             self._stop.wait(self.period)
+
+    def _processes(self) -> tuple[dict[int, float], float]:
+        """{pid: CPU seconds} of this user's processes, and the trainer workers' run-queue wait."""
+        cpu, wait = {}, 0.0
+        for p in psutil.process_iter(["username", "cmdline", "cpu_times"]):
+            if p.info["username"] != self._user or p.info["cpu_times"] is None or p.pid == os.getpid():
+                continue
+            title = " ".join(p.info["cmdline"] or [])
+            role = self.roles[p.pid] = process_role(title, self.roles.get(p.pid))
+            cpu[p.pid] = p.info["cpu_times"].user + p.info["cpu_times"].system
+            if role == "trainer workers":
+                wait += runqueue_wait_s(p.pid)
+        return cpu, wait
 
     def _sample_once(self):
         t, cpu = time.monotonic(), psutil.cpu_times()
@@ -87,7 +140,8 @@ class CoreUse:
                 lines = f.read().count(b"\n")
         except FileNotFoundError:
             lines = 0
-        self.marks.setdefault(lines, (t, busy))  # first sample after step `lines` was written
+        if lines not in self.marks:  # first sample after step `lines` was written
+            self.marks[lines] = (t, busy, *self._processes())
 
     def __enter__(self):
         self._thread.start()
@@ -100,8 +154,18 @@ class CoreUse:
 
     def busy(self) -> tuple[float, float]:
         """(busy CPU seconds, wall seconds) over the measured steps."""
-        (t0, b0), (t1, b1) = self.marks[1], self.marks[max(self.marks)]
+        (t0, b0, *_), (t1, b1, *_) = self.marks[1], self.marks[max(self.marks)]
         return b1 - b0, t1 - t0
+
+    def by_role(self) -> tuple[dict[str, float], float]:
+        """({role: CPU seconds}, trainer workers' run-queue wait in seconds) over the measured steps; a process
+        started after step 1 counts from zero, one gone before the last step is left out."""
+        (_, _, cpu0, wait0), (_, _, cpu1, wait1) = self.marks[1], self.marks[max(self.marks)]
+        out: dict[str, float] = {}
+        for pid, seconds in cpu1.items():
+            role = self.roles[pid]
+            out[role] = out.get(role, 0.0) + seconds - cpu0.get(pid, 0.0)
+        return out, wait1 - wait0
 
 
 def measure(records: list[dict], updates_per_step: int) -> dict:
@@ -150,6 +214,9 @@ def main():
             r = {"records": records, "launch_wall_s": time.time() - start, **measure(records, k)}
             cpu_s, window_s = cores.busy()
             r.update(cores_busy=cpu_s / window_s, cpu_s_per_update=cpu_s / r["updates"])
+            roles, wait_s = cores.by_role()
+            r["cpu_s_per_update_by_role"] = {role: sec / r["updates"] for role, sec in roles.items()}
+            r["trainer_runqueue_wait_share"] = wait_s / window_s
             runs.setdefault(name, []).append(r)
             print(f"   wall {r['wall_s']:.1f} s, trainer idle {r['trainer_idle_ratio']:.2f}, "
                   f"{r['cores_busy']:.2f} of {psutil.cpu_count()} cores busy", flush=True)
@@ -166,7 +233,10 @@ def main():
     for name, rs in runs.items():
         summary = {key: spread([r[key] for r in rs]) for key in
                    ("wall_s", "trainer_idle_ratio", "weight_sync_share", "weight_sync_s_per_step", "cores_busy",
-                    "cpu_s_per_update")}
+                    "cpu_s_per_update", "trainer_runqueue_wait_share")}
+        roles = sorted({role for r in rs for role in r["cpu_s_per_update_by_role"]})
+        summary["cpu_s_per_update_by_role"] = {
+            role: statistics.median(r["cpu_s_per_update_by_role"].get(role, 0.0) for r in rs) for role in roles}
         for key in ("searcher_idle_ratio", "trajectories_generated_per_s", "trajectories_consumed_per_s",
                     "unseen_group_frac", "staleness_mean", "searcher_prompts_ahead"):
             if all(key in r for r in rs):
@@ -195,9 +265,17 @@ def main():
               f"{s.get('searcher_idle_ratio', {}).get('median', float('nan')):>13.2f} | "
               f"{s['weight_sync_share']['median']:>10.3f} | {s['cores_busy']['median']:>10.2f} | "
               f"{s['cpu_s_per_update']['median']:>12.2f}")
+    roles = sorted({role for s in result["configurations"].values() for role in s["cpu_s_per_update_by_role"]})
+    print("CPU s per update by role (medians); trainer workers' run-queue wait: share of the wall time their "
+          "threads waited for a core")
+    print(f"{'run':<18} | " + " | ".join(f"{role[:14]:>14}" for role in roles) + f" | {'runqueue wait':>13}")
+    for name, s in result["configurations"].items():
+        print(f"{name:<18} | " + " | ".join(f"{s['cpu_s_per_update_by_role'].get(role, 0.0):>14.3f}" for role in roles)
+              + f" | {s['trainer_runqueue_wait_share']['median']:>13.2f}")
     print(f"ideal overlap from the sync runs' own timings: {result['ideal_overlap']:.2f}x; CPU-bound ceiling "
           f"({result['cores']} cores / sync's busy cores): {result['cpu_bound_ceiling']:.2f}x; written to {args.out}")
     timeline({name: rs[0] for name, rs in runs.items()}, args.out.replace(".json", ".png"))
+    cpu_by_role(result["configurations"], args.out.replace(".json", "_cpu.png"))
 
 
 def timeline(runs, path):
@@ -232,6 +310,33 @@ def timeline(runs, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"timeline: {path}")
+
+
+def cpu_by_role(configurations, path):
+    """Stacked bars: CPU seconds per trained update by role, one bar per configuration (medians of repeats)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    roles = sorted({role for s in configurations.values() for role in s["cpu_s_per_update_by_role"]})
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    names = list(configurations)
+    bottom = [0.0] * len(names)
+    for i, role in enumerate(roles):
+        values = [configurations[n]["cpu_s_per_update_by_role"].get(role, 0.0) for n in names]
+        ax.bar(names, values, bottom=bottom, label=role, color=plt.cm.tab10(i % 10))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, name in enumerate(names):
+        ax.text(x, bottom[x], f"run-queue wait {configurations[name]['trainer_runqueue_wait_share']['median']:.2f}",
+                ha="center", va="bottom", fontsize=7)
+    ax.set_ylabel("CPU s per trained update")
+    ax.set_title("where the CPU goes (medians of repeats); label: share of wall time the trainer workers waited "
+                 "for a core", fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"CPU by role: {path}")
 
 
 if __name__ == "__main__":
