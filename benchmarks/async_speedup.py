@@ -70,6 +70,7 @@ ROLES = (("WorkerDict", "trainer workers"), ("TaskRunner", "trainer loop"), ("HF
          ("GlobalRequestLoadBalancer", "load balancer"), ("TransferQueue", "TransferQueue"),
          ("SimpleStorageUnit", "TransferQueue"))
 OTHER_RAY, SYSTEM = "other Ray actors", "Ray system, driver"
+ROLE_ORDER = list(dict.fromkeys([role for _, role in ROLES] + [OTHER_RAY, SYSTEM]))  # trainer side first
 
 
 def process_role(title: str, previous: str | None) -> str:
@@ -234,7 +235,7 @@ def main():
         summary = {key: spread([r[key] for r in rs]) for key in
                    ("wall_s", "trainer_idle_ratio", "weight_sync_share", "weight_sync_s_per_step", "cores_busy",
                     "cpu_s_per_update", "trainer_runqueue_wait_share")}
-        roles = sorted({role for r in rs for role in r["cpu_s_per_update_by_role"]})
+        roles = {role for r in rs for role in r["cpu_s_per_update_by_role"]}
         summary["cpu_s_per_update_by_role"] = {
             role: statistics.median(r["cpu_s_per_update_by_role"].get(role, 0.0) for r in rs) for role in roles}
         for key in ("searcher_idle_ratio", "trajectories_generated_per_s", "trajectories_consumed_per_s",
@@ -265,7 +266,8 @@ def main():
               f"{s.get('searcher_idle_ratio', {}).get('median', float('nan')):>13.2f} | "
               f"{s['weight_sync_share']['median']:>10.3f} | {s['cores_busy']['median']:>10.2f} | "
               f"{s['cpu_s_per_update']['median']:>12.2f}")
-    roles = sorted({role for s in result["configurations"].values() for role in s["cpu_s_per_update_by_role"]})
+    roles = [role for role in ROLE_ORDER if any(role in s["cpu_s_per_update_by_role"]
+                                                for s in result["configurations"].values())]
     print("CPU s per update by role (medians); trainer workers' run-queue wait: share of the wall time their "
           "threads waited for a core")
     print(f"{'run':<18} | " + " | ".join(f"{role[:14]:>14}" for role in roles) + f" | {'runqueue wait':>13}")
@@ -319,7 +321,7 @@ def cpu_by_role(configurations, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    roles = sorted({role for s in configurations.values() for role in s["cpu_s_per_update_by_role"]})
+    roles = [role for role in ROLE_ORDER if any(role in s["cpu_s_per_update_by_role"] for s in configurations.values())]
     fig, ax = plt.subplots(figsize=(8, 3.6))
     names = list(configurations)
     bottom = [0.0] * len(names)

@@ -167,3 +167,34 @@ def test_server_refuses_a_missing_model_dir(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="actor_rollout_ref.model.path"):
         HFCPUServer(str(tmp_path / "nope"), 32, 8, 0)
+
+
+def test_weight_mailbox_hands_the_receiver_the_version_it_waits_for():
+    """The CPU checkpoint engine's receiver blocks until its version is published (no poll interval added to
+    each sync), takes that version's weights, not an earlier one, and names a version that never comes."""
+    import tempfile
+
+    import ray
+
+    from tba_ext.cpu.ray_checkpoint_engine import RayObjectStoreCheckpointEngine
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100_000_000,
+             _temp_dir=tempfile.mkdtemp(prefix="tba_ray_t_", dir="/tmp"),
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    try:
+        @ray.remote
+        def receive(version):
+            weights = RayObjectStoreCheckpointEngine(timeout_s=60).receive_weights(global_steps=version)
+            return {name: tensor.tolist() for name, tensor in weights}
+
+        sender = RayObjectStoreCheckpointEngine(is_master=True)
+        sender.init_process_group(rank=0, role="sender")
+        pending = receive.remote(3)
+        asyncio.run(sender.send_weights(iter([("w", torch.ones(2))]), global_steps=2))
+        assert ray.wait([pending], timeout=2)[0] == []  # version 2 is not the one it waits for
+        asyncio.run(sender.send_weights(iter([("w", torch.full((2,), 3.0))]), global_steps=3))
+        assert ray.get(pending, timeout=60) == {"w": [3.0, 3.0]}
+        with pytest.raises(TimeoutError, match="version 9 .*newest: 3"):
+            list(RayObjectStoreCheckpointEngine(timeout_s=0.5).receive_weights(global_steps=9))
+    finally:
+        ray.shutdown()

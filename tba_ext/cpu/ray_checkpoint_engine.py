@@ -9,6 +9,8 @@ actor; every rollout worker fetches that reference. Selected with
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from typing import Any, Generator
 
@@ -23,16 +25,32 @@ MAILBOX = "tba_ext_weight_mailbox"
 
 @ray.remote(num_cpus=0)
 class WeightMailbox:
-    """Holds the newest published weights (an object ref) and its version."""
+    """Holds the newest published weights (an object ref) and its version. A receiver blocks in ``wait_for``
+    until its version is published (an asyncio condition), instead of polling: a poll interval would be added to
+    every sync, whose receiver starts at the same moment as the sender."""
 
     def __init__(self):
         self.version, self.refs, self.published_at = None, None, 0.0
+        self._published = asyncio.Condition()
 
-    def publish(self, version, refs: list) -> None:
-        self.version, self.refs, self.published_at = version, refs, time.time()
+    async def publish(self, version, refs: list) -> None:
+        async with self._published:
+            self.version, self.refs, self.published_at = version, refs, time.time()
+            self._published.notify_all()
 
-    def latest(self) -> tuple[Any, list | None]:
+    async def latest(self) -> tuple[Any, list | None]:
         return self.version, self.refs
+
+    async def wait_for(self, version, timeout_s: float) -> tuple[Any, list | None]:
+        """(version, refs) as soon as ``version`` (None: any) is published; the newest ones after ``timeout_s``."""
+
+        def arrived():
+            return self.refs is not None and (version is None or self.version == version)
+
+        async with self._published:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._published.wait_for(arrived), timeout_s)
+            return self.version, self.refs
 
 
 def full_cpu_state(weights: Generator[tuple[str, torch.Tensor], None, None]) -> dict[str, torch.Tensor]:
@@ -72,6 +90,7 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
         self.timeout_s = timeout_s
         self.rank, self.role = 0, "receiver"
         self.last_sync_seconds = 0.0
+        self._mailbox_handle = None
 
     def prepare(self) -> dict[str, Any]:
         return {}
@@ -94,18 +113,19 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
         state = full_cpu_state(weights)
         if self.rank == 0:
             ref = ray.put(state)
-            await _mailbox().publish.remote(global_steps, [ref])  # list: pass the ref, not its value
+            await self._mailbox().publish.remote(global_steps, [ref])  # list: pass the ref, not its value
         self.last_sync_seconds = time.perf_counter() - start
         return {"tba/weight_sync_send_s": self.last_sync_seconds}
 
+    def _mailbox(self):
+        # looked up once per engine: a named-actor lookup is a round trip to Ray's GCS on every sync
+        if self._mailbox_handle is None:
+            self._mailbox_handle = _mailbox()
+        return self._mailbox_handle
+
     def receive_weights(self, global_steps=None) -> Generator[tuple[str, torch.Tensor], None, None]:
-        mailbox = _mailbox()
-        deadline = time.time() + self.timeout_s
-        while True:
-            version, refs = ray.get(mailbox.latest.remote())
-            if refs is not None and (global_steps is None or version == global_steps):
-                break
-            if time.time() > deadline:
-                raise TimeoutError(f"no weights for version {global_steps} published within {self.timeout_s}s")
-            time.sleep(0.05)
+        version, refs = ray.get(self._mailbox().wait_for.remote(global_steps, self.timeout_s))
+        if refs is None or (global_steps is not None and version != global_steps):
+            raise TimeoutError(f"no weights for version {global_steps} published within {self.timeout_s}s "
+                               f"(newest: {version})")
         yield from ray.get(refs[0]).items()
