@@ -34,8 +34,9 @@ import psutil
 
 from tba_ext.tools import report
 from tba_ext.tools.launch import run_verl
+from tba_ext.tools.processes import children, cmdline, session_pids
 
-from common import parse_args, prepare_run
+from common import DAEMON_KINDS, parse_args, prepare_run, process_kind, same_process_kind
 
 SYNC_PHASES = ("abort_replicas", "release_kv_cache_replicas", "build_process_group", "resume_kv_cache_replicas",
                "resume_generation_replicas")
@@ -63,8 +64,7 @@ def configurations(searchers, paced, prompts, sync_every):
             yield f"decoupled_{n}_paced", "cpu_tba_decoupled", replicas + ["tba.searcher_prompts_per_consumed=1.0"]
 
 
-# Which part of a run a process is, from the title Ray gives it ("ray::<Actor class>[.<method>]"); a process keeps
-# the last role it showed (a pooled worker is "ray::IDLE" until it hosts an actor).
+# Which part of a run a process is, from its kind (``common.process_kind``: the actor class in Ray's title)
 ROLES = (("WorkerDict", "trainer workers"), ("TaskRunner", "trainer loop"), ("HFCPUServer", "searcher model"),
          ("vLLM", "searcher model"), ("AgentLoopWorker", "agent loop"), ("RewardLoopWorker", "reward loop"),
          ("GlobalRequestLoadBalancer", "load balancer"), ("TransferQueue", "TransferQueue"),
@@ -73,13 +73,11 @@ OTHER_RAY, SYSTEM = "other Ray actors", "Ray system, driver"
 ROLE_ORDER = list(dict.fromkeys([role for _, role in ROLES] + [OTHER_RAY, SYSTEM]))  # trainer side first
 
 
-def process_role(title: str, previous: str | None) -> str:
-    if not title.startswith("ray::"):
-        return previous or SYSTEM
+def process_role(kind: str) -> str:
     for prefix, role in ROLES:
-        if title[5:].startswith(prefix):
+        if kind.startswith(prefix):
             return role
-    return previous or OTHER_RAY
+    return SYSTEM if kind in DAEMON_KINDS else OTHER_RAY
 
 
 def runqueue_wait_s(pid: int) -> float:
@@ -104,14 +102,14 @@ class CoreUse:
     a line. On an idle machine this is the run's own CPU use, every process of it. If sync already keeps c of the
     n cores busy, running generation beside training can at best make it n / c times faster.
 
-    Where the CPU goes: each sample also reads the CPU time of every process of this user by role (trainer
-    workers, searcher model, agent loop, ...; ``process_role``) and how long the trainer workers' threads waited
-    in the run queue for a core: time the trainer's chain of calls lost to the other processes."""
+    Where the CPU goes: at each step's mark it also reads the CPU time of every process of the run (the session
+    the launcher starts verl's driver in) by role (trainer workers, searcher model, agent loop, ...;
+    ``process_role``) and how long the trainer workers' threads waited in the run queue for a core: time the
+    trainer's chain of calls lost to the other processes."""
 
     def __init__(self, metrics_path: str, period: float = 0.25):
         self.path, self.period, self.marks = metrics_path, period, {}
-        self.roles: dict[int, str] = {}
-        self._user = psutil.Process().username()
+        self.kinds: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -121,16 +119,19 @@ class CoreUse:
             self._stop.wait(self.period)
 
     def _processes(self) -> tuple[dict[int, float], float]:
-        """{pid: CPU seconds} of this user's processes, and the trainer workers' run-queue wait."""
+        """{pid: CPU seconds} of the run's processes, and the trainer workers' run-queue wait."""
+        drivers = [pid for pid in children(os.getpid()) if "main_ppo" in cmdline(pid)]
         cpu, wait = {}, 0.0
-        for p in psutil.process_iter(["username", "cmdline", "cpu_times"]):
-            if p.info["username"] != self._user or p.info["cpu_times"] is None or p.pid == os.getpid():
+        for pid in session_pids(drivers[0]) if drivers else []:
+            try:
+                proc = psutil.Process(pid)
+                times = proc.cpu_times()
+                self.kinds[pid] = same_process_kind(process_kind(proc), self.kinds.get(pid))
+            except psutil.Error:
                 continue
-            title = " ".join(p.info["cmdline"] or [])
-            role = self.roles[p.pid] = process_role(title, self.roles.get(p.pid))
-            cpu[p.pid] = p.info["cpu_times"].user + p.info["cpu_times"].system
-            if role == "trainer workers":
-                wait += runqueue_wait_s(p.pid)
+            cpu[pid] = times.user + times.system
+            if process_role(self.kinds[pid]) == "trainer workers":
+                wait += runqueue_wait_s(pid)
         return cpu, wait
 
     def _sample_once(self):
@@ -164,7 +165,7 @@ class CoreUse:
         (_, _, cpu0, wait0), (_, _, cpu1, wait1) = self.marks[1], self.marks[max(self.marks)]
         out: dict[str, float] = {}
         for pid, seconds in cpu1.items():
-            role = self.roles[pid]
+            role = process_role(self.kinds[pid])
             out[role] = out.get(role, 0.0) + seconds - cpu0.get(pid, 0.0)
         return out, wait1 - wait0
 

@@ -2,6 +2,9 @@
 
 import argparse
 import os
+import re
+
+import psutil
 
 from tba_ext.tools.models import ModelSpec, make_model
 from tba_ext.tasks.data import corpus_for, write_task
@@ -28,3 +31,30 @@ def prepare_run(run_dir: str, train_size: int, size: str = "tiny", warm_steps: i
     if warm_steps:
         warm_start(init, f"{run}/data/train.parquet", f"{run}/model", steps=warm_steps, log_every=0)
     return run
+
+
+GENERIC_KINDS = ("ray worker", "IDLE")  # a Ray worker before it runs an actor or task, or between tasks
+# Ray's daemons and the run's driver / launcher, by what their command lines name
+DAEMON_KINDS = ("raylet", "gcs_server", "dashboard", "log_monitor", "runtime_env", "main_ppo", "tba_ext.cli")
+
+
+def process_kind(proc: psutil.Process) -> str:
+    """What a process of a verl run is: the actor class in Ray's process title (``ray::<actor class>[.<method>]``),
+    else the Ray daemon or driver its command line names, else its executable."""
+    title = " ".join(proc.cmdline()) or proc.name()
+    match = re.match(r"ray::([A-Za-z_]+)", title)
+    if match:
+        return match.group(1)
+    if "default_worker.py" in title:
+        return "ray worker"
+    for known in DAEMON_KINDS:
+        if known in title:
+            return known
+    return os.path.basename(title.split()[0]) if title else proc.name()
+
+
+def same_process_kind(kind: str, before: str | None) -> str:
+    """A worker keeps the first actor class it ran (its title changes per method, and is IDLE between tasks)."""
+    if before and (kind in GENERIC_KINDS or before not in GENERIC_KINDS):
+        return before
+    return kind

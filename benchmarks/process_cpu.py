@@ -11,7 +11,6 @@ titles (``ray::HFCPUServer...`` -> HFCPUServer) or the executable. JSON + table.
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -21,23 +20,7 @@ import psutil
 from tba_ext.tools import report
 from tba_ext.tools.processes import children, cmdline, session_pids
 
-from common import prepare_run
-
-
-GENERIC = ("ray worker", "IDLE")  # a Ray worker before it runs an actor or task, or between tasks
-
-
-def kind(proc: psutil.Process) -> str:
-    title = " ".join(proc.cmdline()) or proc.name()
-    match = re.match(r"ray::([A-Za-z_]+)", title)  # Ray's process title: ray::<actor class>[.<method>]
-    if match:
-        return match.group(1)
-    if "default_worker.py" in title:
-        return "ray worker"
-    for known in ("raylet", "gcs_server", "dashboard", "log_monitor", "runtime_env", "main_ppo", "tba_ext.cli"):
-        if known in title:
-            return known
-    return os.path.basename(title.split()[0]) if title else proc.name()
+from common import prepare_run, process_kind, same_process_kind
 
 
 def main():
@@ -62,9 +45,7 @@ def main():
             try:
                 p = psutil.Process(pid)
                 t = p.cpu_times()
-                name, before = kind(p), cpu.get(pid, (None,))[0]
-                if before and (name in GENERIC or before not in GENERIC):
-                    name = before  # a worker keeps the first actor class it ran (its title changes per method)
+                name = same_process_kind(process_kind(p), cpu.get(pid, (None,))[0])
                 cpu[pid] = (name, t.user + t.system)
             except psutil.Error:
                 continue
