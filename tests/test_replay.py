@@ -64,7 +64,8 @@ def test_prompts_are_drawn_without_replacement_and_cycle_across_batches():
 
 def test_every_fresh_group_is_drawn_before_any_repeats():
     """m = 1: each version brings 8 new prompts; a batch of 8 draws exactly those, once each. With fewer
-    fresh prompts than the batch, the rest are repeats, and counted."""
+    fresh prompts than the batch, the rest are the next-freshest prompts; only a store holding fewer distinct
+    prompts than the batch repeats one, and the repeats are counted."""
     store = TrajectoryStore(100, 10_000)
     sampler = ReplaySampler(store, ReplaySettings(recency_prob=1.0, seed=3))
     for version in range(5):
@@ -78,8 +79,37 @@ def test_every_fresh_group_is_drawn_before_any_repeats():
         assert report.unseen == 8  # all 8 groups trained on for the first time
         assert not sampler.undrawn_fresh
     report = sampler.sample_groups(12, 4, 4)
-    assert report.repeated == 4 and len({g.prompt_key for g in report.groups}) == 8
-    assert report.unseen == 0  # the same prompts' 4 trajectories again: nothing new
+    keys = [g.prompt_key for g in report.groups]
+    assert report.repeated == 0 and len(set(keys)) == 12 and report.fallback == 4
+    assert set(keys) >= {f"v4p{p}" for p in range(8)}  # the window first, then version 3
+    assert sum(k.startswith("v3") for k in keys) == 4
+    assert all(t.version == 3 for g in report.groups if g.prompt_key.startswith("v3") for t in g.trajectories)
+    report = sampler.sample_groups(45, 4, 4)  # 40 prompts stored: 5 slots must repeat
+    assert report.repeated == 5 and len({g.prompt_key for g in report.groups}) == 40
+
+
+@pytest.mark.parametrize("n_newest", [1, 3, 8, 32])
+def test_a_sparse_newest_version_still_gives_b_distinct_prompts(n_newest):
+    """Right after a sync the newest weight version is present for a few prompts only (issue 25's case: B = 32,
+    K = 16, m = 0.95, recency_window = 2, 64 groups of version 2 and n of version 4, trainer at version 4): the
+    batch holds 32 distinct prompts, the n newest among them, the rest the freshest of the others."""
+    store = TrajectoryStore(100, 100_000)
+    for p in range(64):
+        for j in range(16):
+            store.admit(Trajectory(f"old{p}", [p, j], float(j % 2), 2))
+    for p in range(n_newest):
+        for j in range(16):
+            store.admit(Trajectory(f"new{p}", [100 + p, j], float(j % 2), 4))
+    sampler = ReplaySampler(store, ReplaySettings(recency_prob=0.95, recency_window=2, seed=5))
+    for _ in range(20):
+        report = sampler.sample_groups(32, 16, 4)
+        keys = [g.prompt_key for g in report.groups]
+        assert not report.missing and report.repeated == 0 and len(set(keys)) == 32, keys
+        assert all(len({id(t) for t in g.trajectories}) == 16 for g in report.groups)  # K without replacement
+    # the recency window is the trainer's: data of version 4 is within 2 updates of update 4, version 2 is not
+    first = ReplaySampler(store, ReplaySettings(recency_prob=1.0, recency_window=2, seed=6)).sample_groups(32, 16, 4)
+    assert {g.prompt_key for g in first.groups} >= {f"new{p}" for p in range(n_newest)}
+    assert first.fallback == 32 - n_newest
 
 
 def test_replay_branch_weights_trajectories_within_a_prompt_by_softmax():
@@ -258,3 +288,14 @@ def test_unknown_knob_is_refused():
 def test_removed_reward_mix_says_what_replaced_it():
     with pytest.raises(ValueError, match="sampler_kwargs.reward_mix: .*within a prompt"):
         parse_replay_settings({"reward_mix": 0.5}, "trainer.v1.sampler.sampler_kwargs.")
+
+
+def test_resize_takes_new_capacities_evicting_oldest_first():
+    store = TrajectoryStore(100, 10_000)
+    fill(store, prompts=4, per_prompt=6, versions=(0, 1, 2))  # 72 trajectories, 18 per prompt
+    assert store.resize(10, 10_000, None) == 32  # each prompt keeps its 10 newest
+    assert all(len(store.trajectories(f"p{p}")) == 10 for p in range(4))
+    assert min(t.version for p in range(4) for t in store.trajectories(f"p{p}")) == 1
+    assert store.resize(10, 20, None) == 20 and len(store) == 20
+    assert {t.version for p in range(4) for t in store.trajectories(f"p{p}")} == {2}
+    assert store.resize(100, 1_000, None) == 0

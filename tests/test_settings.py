@@ -194,3 +194,25 @@ def test_paced_searchers_stay_at_most_the_queue_ahead_of_consumption(tb_config):
         check_searcher_queue(decoupled, parse_settings({"searcher_prompts_per_consumed": 1.0}))
     with pytest.raises(ValueError, match="searcher_prompts_per_consumed must be > 0"):
         parse_settings({"searcher_queue_prompts": 32, "searcher_prompts_per_consumed": 0})
+
+
+def test_the_trainer_version_counts_every_update_before_a_sample_local_ones_included():
+    from tba_ext.core.settings import trainer_version
+
+    # separate_async, k = 2 samples of one update each per global step
+    assert [trainer_version(g, j, 2, 2) for g in (1, 2, 3) for j in (0, 1)] == [0, 1, 2, 3, 4, 5]
+    # sync / colocate_async: one sample per step, followed by its 2 mini-batch updates (x 3 epochs)
+    assert [trainer_version(g, 0, 6, 1) for g in (1, 2, 3)] == [0, 6, 12]
+    # separate_async, k = 2 samples of 3 epochs each
+    assert [trainer_version(2, j, 6, 2) for j in (0, 1)] == [6, 9]
+
+
+def test_decoupled_max_staleness_below_k_minus_1_is_refused():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(compose("cpu_tba_decoupled", ["run_dir=/nonexistent"]), resolve=True)
+    check_replay_run(with_change(cfg, "trainer.v1.sampler.sampler_kwargs.max_staleness", 1))
+    with pytest.raises(ValueError, match=r"sampler_kwargs.max_staleness=0: .*parameter_sync_step=2"):
+        check_replay_run(with_change(cfg, "trainer.v1.sampler.sampler_kwargs.max_staleness", 0))
+    on_policy = with_change(cfg, "trainer.v1.separate_async.parameter_sync_step", 1)
+    check_replay_run(with_change(on_policy, "trainer.v1.sampler.sampler_kwargs.max_staleness", 0))

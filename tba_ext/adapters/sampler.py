@@ -13,7 +13,10 @@ verl deletes every trajectory it trains on (trainer_base.py:511). Each ``sample`
    ``{uid}_{session}_{idx}`` keys, one new uid per group, so verl recomputes old and reference log-probs for
    the current policy; ``rollout_log_probs`` stay the searcher's, for TBA's importance ratio.
 Versions and staleness are counted in optimizer updates: a trajectory generated with the weights of global
-step g carries version g x ``updates_per_version`` (set by the tba_* trainer modes: k in separate_async).
+step g carries version g x ``updates_per_version`` (set by the tba_* trainer modes: k in separate_async), and
+the trainer's version at a sample is the updates applied before it, local updates included (``local_update``,
+set by the trainer before each of the k samples of a separate_async step).
+No update is served before the store holds ``min_buffer_groups`` distinct prompts (the initial buffer).
 If the store cannot serve a batch yet (empty, or everything staler than ``max_staleness``) it waits for
 generation, and stops the run after ``wait_timeout_s``. Validation batches bypass the store.
 """
@@ -36,7 +39,7 @@ from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tba_ext.adapters.rows import build_row, load_prompt, split_row
 from tba_ext.core.replay import ReplaySampler, Trajectory, TrajectoryStore, load_checked, save_atomic, staleness_summary
-from tba_ext.core.settings import SAMPLER_KWARGS, parse_replay_settings
+from tba_ext.core.settings import SAMPLER_KWARGS, parse_replay_settings, trainer_version
 
 
 def row_dicts(td) -> list[dict]:
@@ -88,6 +91,9 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.restored_trajectories: int | None = None  # reported once, at the first step after a resume
         self.unknown_version = 0
         self.updates_per_version = 1  # optimizer updates per verl global step (weight version)
+        self.local_updates = 1  # samples per global step (k in separate_async), each followed by its updates
+        self.local_update = 0  # which of them the next sample serves (from 0), set by the trainer
+        self.initial_buffer_filled = False
 
     # -- ingestion -------------------------------------------------------------------------------------
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
@@ -131,12 +137,15 @@ class TBAReplaySampler(ReplayBufferAsync):
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         if partition_id != "train":
             return super().sample(global_steps, partition_id, batch_size)
-        # the policy being trained at step s carries weight version s - 1 (weights sync at step end)
-        current_version = (global_steps - 1) * self.updates_per_version
+        # the policy being trained has had every update of the earlier steps and of this step's earlier samples
+        current_version = trainer_version(global_steps, self.local_update, self.updates_per_version,
+                                          self.local_updates)
         threshold = self.settings.min_fresh_groups
         need = batch_size if threshold is None else threshold
+        min_buffer = self.settings.min_buffer_groups or batch_size
         deadline = time.monotonic() + self.settings.wait_timeout_s
         metrics, ingest = {}, {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
+        next_progress = 0.0
         while True:
             sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
             metrics.update(evictions)
@@ -148,16 +157,24 @@ class TBAReplaySampler(ReplayBufferAsync):
                 self._select_prompt_uids(partition_id, set(sampleable), batch_size)[0])
             for key, value in self._ingest(partition_id, take).items():
                 ingest[key] += value
-            k = self.group_size or self.largest_group
-            report = self.sampler.sample_groups(batch_size, k, current_version)
-            if not report.missing:
-                break
-            # nothing sampleable yet (empty store, or all of it past max_staleness): wait for generation
+            if not self.initial_buffer_filled and self.store.num_prompts >= min_buffer:
+                self.initial_buffer_filled = True
+            if self.initial_buffer_filled:
+                k = self.group_size or self.largest_group
+                report = self.sampler.sample_groups(batch_size, k, current_version)
+                if not report.missing:
+                    break
+            elif time.monotonic() >= next_progress:  # the initial buffer: no update before it holds enough
+                print(f"tba-ext: initial replay buffer {self.store.num_prompts}/{min_buffer} prompts "
+                      f"({SAMPLER_KWARGS}min_buffer_groups)", flush=True)
+                next_progress = time.monotonic() + 10.0
+            # nothing sampleable yet (empty store, initial buffer not full, or all of it past max_staleness)
             if time.monotonic() > deadline:
                 raise ReplayWaitTimeoutError(
                     f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
-                    f"({len(self.store)} trajectories stored, max_staleness={self.settings.max_staleness}); are the "
-                    f"searchers alive? Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer")
+                    f"({len(self.store)} trajectories of {self.store.num_prompts} prompts stored, initial buffer "
+                    f"{min_buffer} prompts, max_staleness={self.settings.max_staleness}); are the searchers alive? "
+                    f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer")
             need = 1
             time.sleep(self.poll_interval)
         keys, tags, rows = [], [], []
@@ -208,6 +225,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             "replay/reward_sampled_mean": float(np.mean([t.reward for g in groups for t in g.trajectories])),
             "replay/reward_stored_mean": self.store.reward_mean,
             "replay/repeated_prompts": report.repeated,
+            "replay/recency_fallback_groups": report.fallback,  # recency slots given the next-freshest prompt
             "replay/distinct_prompt_frac": len({g.prompt_key for g in groups}) / max(len(groups), 1),
             "replay/unseen_group_frac": report.unseen / max(len(groups), 1),  # consumed for the first time
             "replay/fresh_prompts_undrawn": len(self.sampler.undrawn_fresh),
@@ -220,6 +238,11 @@ class TBAReplaySampler(ReplayBufferAsync):
             "replay/ingested_prompts": ingest["ingested_prompts"],  # distinct prompts among them
             "replay/rejected_unknown_version": self.unknown_version,
         }
+        if self.local_updates > 1:  # per local update of the step (verl aggregates the k samples' metrics)
+            label = f"replay/local_update_{self.local_update + 1}"
+            metrics[f"{label}/staleness_min"] = summary["staleness_min"]
+            metrics[f"{label}/staleness_max"] = summary["staleness_max"]
+            metrics[f"{label}/distinct_prompt_frac_min"] = metrics["replay/distinct_prompt_frac"]
         if self.restored_trajectories is not None:
             metrics["replay/restored_trajectories"] = self.restored_trajectories
             self.restored_trajectories = None
@@ -239,5 +262,12 @@ class TBAReplaySampler(ReplayBufferAsync):
                              "ppo_mini_batch_size and ppo_epochs, or start without this checkpoint")
         self.sampler.load_state_dict(state["sampler"])
         self.largest_group = state["largest_group"]
+        saved = (self.store.per_prompt_capacity, self.store.capacity, self.store.capacity_bytes)
+        evicted = self.store.resize(self.settings.per_prompt_capacity, self.settings.capacity,
+                                    self.settings.capacity_bytes)
+        if evicted or saved != (self.store.per_prompt_capacity, self.store.capacity, self.store.capacity_bytes):
+            print(f"tba-ext: the restored replay store takes this run's capacities ({SAMPLER_KWARGS}"
+                  f"per_prompt_capacity / capacity / capacity_bytes: {saved} -> {self.store.per_prompt_capacity}, "
+                  f"{self.store.capacity}, {self.store.capacity_bytes}); {evicted} trajectories evicted", flush=True)
         self.restored_trajectories = len(self.store)
         print(f"tba-ext: restored {len(self.store)} replay trajectories from {path}", flush=True)

@@ -8,7 +8,7 @@ Each runs verl's own ``sync`` / ``colocate_async`` / ``separate_async`` trainer 
 - the reference-policy update every ``tba.ref_reset_every`` updates (TBA' reset, or an EMA with ``tba.ref_ema``),
   with the reference beside the actor or in its own worker group (FSDP engines);
 - asynchrony metrics (trainer/searcher idle ratios, weight-sync time, throughput);
-- saving/restoring the replay store with verl's checkpoints.
+- saving/restoring the replay store, and the reference once it has moved, with verl's checkpoints.
 Schedules and staleness count optimizer updates: a global step is ``updates_per_step`` of them.
 """
 
@@ -41,6 +41,7 @@ from tba_ext.core.settings import check_tba_run, dataloader_fetch, prompts_to_qu
 logger = logging.getLogger(__name__)
 
 REPLAY_FILE = "tba_replay.pt"
+REFERENCE_DIR = "tba_reference"  # the reference's shards, one file per rank, once a reset or the EMA moved it
 
 
 def _local_tensors(module) -> dict:
@@ -83,6 +84,31 @@ def _update_reference(worker, source: dict | None, keep: float) -> int:
     return len(target)
 
 
+def _rank() -> tuple[int, int]:
+    dist = torch.distributed
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+
+def _save_reference_shard(worker, folder: str) -> None:
+    """Runs inside a worker holding the reference: its shard, as this rank's file of ``folder``."""
+    rank, world = _rank()
+    tensors = {name: t.detach().cpu().clone() for name, t in _local_tensors(_engine_module(worker, "ref")).items()}
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".rank_{rank}.pt.tmp")
+    torch.save({"world_size": world, "tensors": tensors}, tmp)
+    os.replace(tmp, os.path.join(folder, f"rank_{rank}.pt"))
+
+
+def _load_reference_shard(worker, folder: str) -> int:
+    """Runs inside a worker holding the reference: copies this rank's saved shard into it."""
+    rank, world = _rank()
+    saved = torch.load(os.path.join(folder, f"rank_{rank}.pt"), weights_only=True)
+    if saved["world_size"] != world:
+        raise RuntimeError(f"{folder} holds a reference sharded over {saved['world_size']} ranks, this run has "
+                           f"{world}: resume with the same trainer.n_gpus_per_node x trainer.nnodes")
+    return _update_reference(worker, saved["tensors"], 0.0)
+
+
 def _as_list(values) -> list:
     """TransferQueue returns non-tensor fields as NonTensorStack (``tolist``) or an already-listed sequence."""
     return values.tolist() if hasattr(values, "tolist") else list(values)
@@ -103,6 +129,12 @@ class TBATrainerMixin:
         if self.replay_settings is not None:  # the trainer draws K = rollout.n of each prompt's samples
             self.replay_buffer.group_size = int(config.actor_rollout_ref.rollout.n)
             self.replay_buffer.updates_per_version = self.updates_per_step  # staleness counted in updates
+            self.replay_buffer.local_updates = self.parameter_sync_step
+
+    def on_sample_begin(self):
+        if self.replay_settings is not None:  # which of the step's k samples is served next: its staleness
+            self.replay_buffer.local_update = self.local_trigger_step
+        super().on_sample_begin()
 
     def _fetch_one_gen_batch(self):
         """Prompts for the searchers; with the replay sampler's samples_per_prompt S > rollout.n, each asks for
@@ -132,7 +164,9 @@ class TBATrainerMixin:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["rm_scores", "uid"])
             padded = data.to_padded_tensor()  # as verl's own _compute_advantage reads these fields
             reward = padded["rm_scores"].sum(-1).numpy()
-            metrics["tb/zero_reward_variance_frac"] = tb.zero_variance_fraction(reward, _as_list(padded["uid"]))
+            real = [not tag.get("is_padding", False) for tag in batch.tags]  # verl's no-op rows are no group
+            uids = [uid for uid, keep in zip(_as_list(padded["uid"]), real) if keep]
+            metrics["tb/zero_reward_variance_frac"] = tb.zero_variance_fraction(reward[real], uids)
         batch = super()._compute_advantage(batch, metrics)
         metrics.update(losses.ESTIMATOR_METRICS)
         if "actor/reward_kl_penalty" in metrics:
@@ -141,9 +175,16 @@ class TBATrainerMixin:
                 metrics["tb/kl_step_start"] = metrics["actor/reward_kl_penalty"]
         return batch
 
-    def on_step_end(self):
-        super().on_step_end()
-        self._update_reference()
+    def step(self, metrics: dict, timing_raw: dict):
+        batch = super().step(metrics, timing_raw)
+        self._update_reference()  # before verl saves this step's checkpoint, so the checkpoint holds it
+        return batch
+
+    def _reference_moved(self, global_steps: int) -> bool:
+        """Whether a reference update has run by the end of ``global_steps``: the reference is no longer the
+        model verl loads it from, so checkpoints carry it."""
+        every = self.tba.ref_reset_every
+        return bool(self.use_reference_policy and tb.multiples_passed(0, global_steps * self.updates_per_step, every))
 
     def _update_reference(self) -> None:
         """After the updates of this step: every ``ref_reset_every`` updates, ref <- a ref + (1 - a) policy
@@ -203,26 +244,48 @@ class TBATrainerMixin:
                 metrics["tba/trajectories_generated_per_s"] = made / wall
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
-    # -- replay store persistence next to verl's checkpoint -----------------------------------------------
+    # -- replay store and reference persistence next to verl's checkpoint --------------------------------
     def _save_checkpoint(self):
         # written before verl's tracker file, so a crash mid-save leaves the previous checkpoint current
+        folder = step_folder(self.config.trainer.default_local_dir, self.global_steps)
         if hasattr(self.replay_buffer, "save_store"):
-            folder = step_folder(self.config.trainer.default_local_dir, self.global_steps)
             os.makedirs(folder, exist_ok=True)
             self.replay_buffer.save_store(os.path.join(folder, REPLAY_FILE))
+        if self._reference_moved(self.global_steps):
+            target = os.path.join(os.path.abspath(folder), REFERENCE_DIR)
+            ray.get([w.__ray_call__.remote(_save_reference_shard, target) for w in self.ref_policy_wg.workers])
         super()._save_checkpoint()
+
+    def _resumed_folder(self) -> str:
+        """The checkpoint folder verl resumed from: ``trainer.resume_from_path`` or the latest under
+        ``trainer.default_local_dir``."""
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            folder = str(trainer.resume_from_path)
+        else:
+            folder = step_folder(trainer.default_local_dir, self.global_steps)
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        if self.global_steps > 0 and hasattr(self.replay_buffer, "load_store"):
-            folder = step_folder(self.config.trainer.default_local_dir, self.global_steps)
-            if not os.path.isabs(folder):
-                folder = os.path.join(os.getcwd(), folder)
+        if self.global_steps <= 0:
+            return
+        folder = self._resumed_folder()
+        if hasattr(self.replay_buffer, "load_store"):
             path = os.path.join(folder, REPLAY_FILE)
             if os.path.exists(path):
                 self.replay_buffer.load_store(path)
             else:
                 logger.warning("tba: no replay store at %s; resuming with an empty store", path)
+        if self.use_reference_policy:
+            reference = os.path.join(folder, REFERENCE_DIR)
+            if os.path.isdir(reference):
+                ray.get([w.__ray_call__.remote(_load_reference_shard, reference) for w in self.ref_policy_wg.workers])
+                print(f"tba-ext: restored the reference policy from {reference}", flush=True)
+            elif self._reference_moved(self.global_steps):
+                print(f"tba-ext: WARNING: {folder} holds no reference policy ({REFERENCE_DIR}/) although "
+                      f"tba.ref_reset_every={self.tba.ref_reset_every} has moved it by step {self.global_steps}: "
+                      "the resumed run's KL anchor is the initial model", file=sys.stderr, flush=True)
 
 
 @register_trainer("tba_sync")

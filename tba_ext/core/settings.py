@@ -39,8 +39,9 @@ class ReplaySettings:
     capacity_bytes: Optional[int] = None  # global cap in bytes (tokens + log-probs + ~400 B per trajectory)
     max_staleness: Optional[int] = None  # optimizer updates; staler trajectories leave the store; None = no cap
     max_replays: Optional[int] = None  # times one trajectory may be drawn; reached, it leaves; None = no cap
-    # optimizer updates counted as "freshest": 1 (up to k = parameter_sync_step) is the newest weight version,
-    # the data of the last sync, as in the reference; 2k the last two versions
+    # recency branch: trajectories generated within this many optimizer updates of the trainer's current update.
+    # 1 = data of the policy being trained (on-policy); decoupled with k = parameter_sync_step: 2k = the newest
+    # weight version and the one before, the reference's "last sync" (core/replay.py says why)
     recency_window: int = 1
     max_nonfinite_frac: float = 0.05  # stop the run when more rewards than this are NaN/inf
     # finished fresh groups to wait for before each sample. null: exactly a batch, and only the oldest B finished
@@ -48,6 +49,9 @@ class ReplaySettings:
     # (0 = never wait while the store can serve a batch): every finished group enters the store at each sample,
     # the decoupled mode's free-running searchers
     min_fresh_groups: Optional[int] = None
+    # the initial buffer: no update before the store holds this many distinct prompts (the reference waits for
+    # 500 samples, ~21 GSM8K prompts of S = 24); null = one batch (B groups)
+    min_buffer_groups: Optional[int] = None
     wait_timeout_s: float = 600.0  # an empty or fully stale store waits this long for data, then stops the run
     seed: int = 0
 
@@ -108,6 +112,8 @@ def parse_replay_settings(node: Mapping[str, Any] | None, prefix: str) -> Replay
         (0.0 <= r.max_nonfinite_frac <= 1.0, "max_nonfinite_frac must be in [0, 1]", r.max_nonfinite_frac),
         (r.min_fresh_groups is None or r.min_fresh_groups >= 0, "min_fresh_groups must be >= 0 or null",
          r.min_fresh_groups),
+        (r.min_buffer_groups is None or r.min_buffer_groups >= 1, "min_buffer_groups must be >= 1 or null",
+         r.min_buffer_groups),
     ]
     for ok, message, value in checks:
         if not ok:
@@ -202,6 +208,13 @@ def updates_per_step(cfg: Mapping[str, Any]) -> int:
     actor = cfg["actor_rollout_ref"]["actor"]
     batch, mini = int(cfg["data"]["train_batch_size"]), int(actor["ppo_mini_batch_size"])
     return int(actor.get("ppo_epochs", 1)) * max(batch // mini, 1)
+
+
+def trainer_version(global_step: int, local_update: int, updates_per_step: int, local_updates: int) -> int:
+    """Optimizer updates already applied to the policy that trains at ``local_update`` (from 0) of verl global
+    step ``global_step`` (from 1), whose ``updates_per_step`` updates are made in ``local_updates`` samples (k in
+    separate_async, else 1): the version the staleness of the sampled data is counted against."""
+    return (max(global_step, 1) - 1) * updates_per_step + local_update * (updates_per_step // local_updates)
 
 
 def check_reference_updates(cfg: Mapping[str, Any], settings: TBASettings) -> None:
@@ -329,6 +342,13 @@ def check_replay_run(cfg: Mapping[str, Any]) -> ReplaySettings | None:
     if s is not None and s > n and not str(mode).startswith("tba_"):
         raise ValueError(f"{SAMPLER_KWARGS}samples_per_prompt={s} > rollout.n needs a tba_* trainer mode (it asks "
                          f"the searchers for S samples per prompt); trainer.v1.trainer_mode is {mode}")
+    k = int(((cfg["trainer"]["v1"].get("separate_async") or {}).get("parameter_sync_step") or 1)
+            if mode == "tba_separate_async" else 1)
+    if settings.max_staleness is not None and settings.max_staleness < k - 1:
+        raise ValueError(f"{SAMPLER_KWARGS}max_staleness={settings.max_staleness}: decoupled searchers hold weights "
+                         f"up to k - 1 = {k - 1} updates older than the trainer's at local updates 2..k "
+                         f"(trainer.v1.separate_async.parameter_sync_step={k}), so no batch could be served; set it "
+                         f">= {k - 1}")
     if (s or n) > settings.per_prompt_capacity:
         raise ValueError(f"{SAMPLER_KWARGS}per_prompt_capacity={settings.per_prompt_capacity} cannot hold one "
                          f"generation of {s or n} samples per prompt; raise it")
