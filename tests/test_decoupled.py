@@ -78,6 +78,11 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     data = [r["data"] for r in records]
     assert max(d["replay/staleness_max"] for d in data) > 0
+    # free-running, the trainer is fed distinct prompts from the first update on (the initial buffer, then the
+    # next-freshest prompts when the newest version is sparse), at both local updates of every step
+    for j in (1, 2):
+        fracs = [d[f"replay/local_update_{j}/distinct_prompt_frac_min"] for d in data]
+        assert min(fracs) >= 0.9, (j, fracs)
     assert all(d["tba/weight_sync_s"] > 0 for d in data)
     assert data[-1]["tba/searchers_alive"] == 2  # the killed one was replaced
     for i in (0, 1):  # per-searcher figures, for both
@@ -182,7 +187,12 @@ def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(t
     assert all(abs(kl[i]) > 1e-3 for i in (1, 3)), kl
     assert [d["tb/beta"] for d in data] == pytest.approx(
         [beta_at_step(first_update(g, 2), 0.05, 0.01, 8) for g in range(1, 6)])
-    staleness = [d["replay/staleness_max"] for d in data]
-    assert all(s % 2 == 0 for s in staleness) and max(staleness) >= 2  # in updates: whole versions of k = 2
+    # staleness in optimizer updates at each local update: versions are whole steps of k = 2 updates, so data
+    # served at local update 1 is an even number of updates old and at local update 2 an odd number (>= 1: the
+    # weights of the update just made were never published)
+    first = [d[f"replay/local_update_1/staleness_{e}"] for d in data for e in ("min", "max")]
+    second = [d[f"replay/local_update_2/staleness_{e}"] for d in data for e in ("min", "max")]
+    assert all(s % 2 == 0 for s in first) and all(s % 2 == 1 for s in second), (first, second)
+    assert max(second) >= 3
     ahead = [d["tba/searcher_prompts_ahead"] for d in data]
     assert max(ahead) <= 32 and max(ahead) >= 16, ahead  # never past the queue's lead; the lead was used

@@ -167,3 +167,21 @@ def test_joining_a_ray_cluster_drops_the_resource_keys_and_carries_the_launchers
     assert ray_init["address"] == "10.0.0.1:6379" and ray_init["include_dashboard"] is False
     assert ray_init["runtime_env"]["env_vars"] == {"VERL_FILE_LOGGER_PATH": "/runs/it's/m.jsonl",
                                                    "OMP_NUM_THREADS": "1"}
+
+
+def test_a_resume_reads_the_replay_store_and_reference_beside_the_checkpoint_verl_resumed(tmp_path):
+    """resume_mode=auto: the latest step under default_local_dir; resume_path: the folder named, wherever it is."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from tba_ext.adapters.trainer import TBATrainerMixin
+
+    def folder(**trainer):
+        run = SimpleNamespace(config=OmegaConf.create({"trainer": trainer}), global_steps=4)
+        return TBATrainerMixin._resumed_folder(run)
+
+    assert folder(resume_mode="auto", default_local_dir=str(tmp_path / "ckpt")) == str(tmp_path / "ckpt/global_step_4")
+    elsewhere = str(tmp_path / "other_run/global_step_4")
+    assert folder(resume_mode="resume_path", resume_from_path=elsewhere,
+                  default_local_dir=str(tmp_path / "ckpt")) == elsewhere
