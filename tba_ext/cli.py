@@ -6,6 +6,11 @@ import argparse
 import json
 import os
 import sys
+import warnings
+
+# verl warns once per optional training engine it cannot import (torchtitan, veomni, automodel, mindspeed,
+# megatron): noise for every tba-ext command, none of which uses them (`tba-ext doctor` lists what is there)
+VERL_ENGINE_WARNING = ".*engine is not available.*"
 
 
 def cmd_doctor(args) -> int:
@@ -78,6 +83,7 @@ def cmd_compare(args) -> int:
 
 
 def main(argv=None) -> int:
+    warnings.filterwarnings("ignore", message=VERL_ENGINE_WARNING, category=UserWarning)
     parser = argparse.ArgumentParser(prog="tba-ext", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
