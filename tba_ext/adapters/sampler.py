@@ -16,7 +16,9 @@ Versions and staleness are counted in optimizer updates: a trajectory generated 
 step g carries version g x ``updates_per_version`` (set by the tba_* trainer modes: k in separate_async), and
 the trainer's version at a sample is the updates applied before it, local updates included (``local_update``,
 set by the trainer before each of the k samples of a separate_async step).
-No update is served before the store holds ``min_buffer_groups`` distinct prompts (the initial buffer).
+Where every finished group enters the store (``min_fresh_groups`` set: the decoupled configs), no update is
+served before it holds ``min_buffer_groups`` distinct prompts (the initial buffer), asking the searchers for
+more prompts (``request_prompts``, set by the decoupled trainer) while those queued cannot fill it.
 If the store cannot serve a batch yet (empty, or everything staler than ``max_staleness``) it waits for
 generation, and stops the run after ``wait_timeout_s``. Validation batches bypass the store.
 """
@@ -94,6 +96,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.local_updates = 1  # samples per global step (k in separate_async), each followed by its updates
         self.local_update = 0  # which of them the next sample serves (from 0), set by the trainer
         self.initial_buffer_filled = False
+        self.request_prompts = None  # the decoupled trainer's "generate n more prompts", for the initial buffer
 
     # -- ingestion -------------------------------------------------------------------------------------
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
@@ -143,6 +146,8 @@ class TBAReplaySampler(ReplayBufferAsync):
         threshold = self.settings.min_fresh_groups
         need = batch_size if threshold is None else threshold
         min_buffer = self.settings.min_buffer_groups or batch_size
+        if threshold is None:  # lockstep: each update waits for the B groups generated for it, no initial buffer
+            self.initial_buffer_filled = True
         deadline = time.monotonic() + self.settings.wait_timeout_s
         metrics, ingest = {}, {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
         next_progress = 0.0
@@ -164,10 +169,12 @@ class TBAReplaySampler(ReplayBufferAsync):
                 report = self.sampler.sample_groups(batch_size, k, current_version)
                 if not report.missing:
                     break
-            elif time.monotonic() >= next_progress:  # the initial buffer: no update before it holds enough
-                print(f"tba-ext: initial replay buffer {self.store.num_prompts}/{min_buffer} prompts "
-                      f"({SAMPLER_KWARGS}min_buffer_groups)", flush=True)
-                next_progress = time.monotonic() + 10.0
+            else:  # the initial buffer: no update before it holds enough distinct prompts
+                self._fill_initial_buffer(partition_id, min_buffer)
+                if time.monotonic() >= next_progress:
+                    print(f"tba-ext: initial replay buffer {self.store.num_prompts}/{min_buffer} prompts "
+                          f"({SAMPLER_KWARGS}min_buffer_groups)", flush=True)
+                    next_progress = time.monotonic() + 10.0
             # nothing sampleable yet (empty store, initial buffer not full, or all of it past max_staleness)
             if time.monotonic() > deadline:
                 raise ReplayWaitTimeoutError(
@@ -189,6 +196,16 @@ class TBAReplaySampler(ReplayBufferAsync):
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
         metrics.update(self._metrics(report, current_version, ingest))
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+
+    def _fill_initial_buffer(self, partition_id: str, min_buffer: int) -> None:
+        """Ask for the prompts the initial buffer still lacks beyond those queued or generating (the searchers'
+        queue is topped up once per update, and no update runs until the buffer is full)."""
+        if self.request_prompts is None:
+            return
+        inflight = len(self.pending_keys[partition_id]) + len(self.running_keys[partition_id])
+        missing = min_buffer - self.store.num_prompts - inflight
+        if missing > 0:
+            self.request_prompts(missing)
 
     def _wait_for_fresh(self, global_steps: int, partition_id: str, need: int, deadline: float):
         """Poll until ``need`` fresh groups are finished, or until nothing more is being generated and the

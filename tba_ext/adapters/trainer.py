@@ -130,6 +130,8 @@ class TBATrainerMixin:
             self.replay_buffer.group_size = int(config.actor_rollout_ref.rollout.n)
             self.replay_buffer.updates_per_version = self.updates_per_step  # staleness counted in updates
             self.replay_buffer.local_updates = self.parameter_sync_step
+            if self.base_mode == "separate_async":  # searchers independent of the trainer: fill the initial buffer
+                self.replay_buffer.request_prompts = self._add_prompts_to_generate
 
     def on_sample_begin(self):
         if self.replay_settings is not None:  # which of the step's k samples is served next: its staleness

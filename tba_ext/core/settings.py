@@ -50,7 +50,8 @@ class ReplaySettings:
     # the decoupled mode's free-running searchers
     min_fresh_groups: Optional[int] = None
     # the initial buffer: no update before the store holds this many distinct prompts (the reference waits for
-    # 500 samples, ~21 GSM8K prompts of S = 24); null = one batch (B groups)
+    # 500 samples, ~21 GSM8K prompts of S = 24); null = one batch (B groups). Applies where every finished group
+    # enters the store (min_fresh_groups set, the decoupled configs); lockstep updates wait for their own B groups
     min_buffer_groups: Optional[int] = None
     wait_timeout_s: float = 600.0  # an empty or fully stale store waits this long for data, then stops the run
     seed: int = 0
