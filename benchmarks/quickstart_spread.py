@@ -12,7 +12,6 @@ Goals (issue 14): every run improves, mean gain > 2x the run-to-run sd, each run
 import argparse
 import json
 import os
-import statistics
 
 from tba_ext.tools import report
 from tba_ext.tools.compare import interval95

@@ -23,3 +23,26 @@ def tiny_run(tmp_path_factory):
     warm_start(str(root / "model_init"), str(root / "data" / "train.parquet"), str(root / "model"), steps=150,
                log_every=0)
     return root
+
+
+@pytest.fixture()
+def margin(request):
+    """``margin(name, value, bound, below=True)``: assert ``value < bound`` (or ``> bound`` with below=False) and
+    record how close it came (value / bound, or bound / value: 1.0 is the edge). Printed, and appended as a JSON
+    line to ``$TBA_EXT_MARGINS`` when set, so repeated runs report their worst margin
+    (benchmarks/test_margins.py)."""
+    import json
+
+    def check(name: str, value: float, bound: float, below: bool = True) -> None:
+        value, bound = abs(float(value)), float(bound)
+        ratio = value / bound if below else (bound / value if value else float("inf"))
+        print(f"margin {request.node.nodeid} {name}: {value:.3g} {'<' if below else '>'} {bound:.3g} "
+              f"({ratio:.3g} of the way to the bound)")
+        path = os.environ.get("TBA_EXT_MARGINS")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({"test": request.node.nodeid, "check": name, "value": value, "bound": bound,
+                                    "below": below, "ratio": ratio}) + "\n")
+        assert ratio < 1.0, f"{name}: {value:.3g} is not {'below' if below else 'above'} {bound:.3g}"
+
+    return check

@@ -63,7 +63,7 @@ def one_update(tiny_run, run_dir, ranks: int, algo: str):
 
 
 @pytest.mark.parametrize("algo", ["tb", "tb_pg"])
-def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path, algo):
+def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path, algo, margin):
     start = load_file(str(tiny_run / "model" / "model.safetensors"))
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
@@ -73,7 +73,9 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
     # the same data reached both: same rewards, same sequence lengths (padding rows are not counted)
     assert metrics_two["critic/score/mean"] == pytest.approx(metrics_one["critic/score/mean"])
     assert metrics_two["response_length/mean"] == pytest.approx(metrics_one["response_length/mean"])
-    assert metrics_two["actor/grad_norm"] == pytest.approx(metrics_one["actor/grad_norm"], rel=1e-4)
+    # the gradient norm, like the step, differs only by the order of its float32 sums
+    margin("grad_norm rel gap", metrics_two["actor/grad_norm"] / metrics_one["actor/grad_norm"] - 1,
+           GRADIENT_ORDER_REL)
     names = sorted(set(start) & set(one) & set(two))
     step = max((one[n].float() - start[n].float()).abs().max().item() for n in names)
     assert step > 1e-4, "the update did not move the parameters"
@@ -86,7 +88,7 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
     print(f"{algo}: max step {step:.3g}, max 2-rank gap {gap:.3g} ({gap / step:.2g} of the step), worst gap / "
           f"allowed {worst:.3g} ({where}), grad norm {metrics_one['actor/grad_norm']:.6g} vs "
           f"{metrics_two['actor/grad_norm']:.6g}")
-    assert worst <= 1.0, f"2 ranks vs 1: gap {worst:.3g}x the float32 bound at {where} (max gap {gap:.3g}, step {step:.3g})"
+    margin(f"2-rank gap / float32 bound (worst at {where})", worst, 1.0)
 
 
 def allowed_gap(theta: torch.Tensor, step: float) -> torch.Tensor:

@@ -55,7 +55,7 @@ def verl_session(proc):
     return kids[0] if kids else None
 
 
-def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(tiny_run, tmp_path):
+def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(tiny_run, tmp_path, margin):
     """N = 2 searchers, each its own Ray actor process; one is SIGKILLed after step 2: Ray restarts it, it
     starts from the newest published weights, and training goes on with both."""
     trace = tmp_path / "rollout_trace.jsonl"
@@ -82,7 +82,7 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
     # next-freshest prompts when the newest version is sparse), at both local updates of every step
     for j in (1, 2):
         fracs = [d[f"replay/local_update_{j}/distinct_prompt_frac_min"] for d in data]
-        assert min(fracs) >= 0.9, (j, fracs)
+        margin(f"repeated-prompt share at local update {j}", 1.0 - min(fracs), 0.1)
     assert all(d["tba/weight_sync_s"] > 0 for d in data)
     assert data[-1]["tba/searchers_alive"] == 2  # the killed one was replaced
     for i in (0, 1):  # per-searcher figures, for both
@@ -167,7 +167,7 @@ def test_a_frozen_rollout_worker_ends_the_run_with_a_clear_message(tiny_run, tmp
     assert not session_pids(sid)
 
 
-def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(tiny_run, tmp_path):
+def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(tiny_run, tmp_path, margin):
     """tba_separate_async with the reference in its own worker group (hybrid_engine=False), k = 2 updates per
     step, rho = 4 updates: the reference takes the actor's weights after steps 2 and 4, so the KL between the
     policy and the reference (computed at the start of the next step, before any update) is zero at steps 1, 3
@@ -183,8 +183,10 @@ def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(t
     data = [r["data"] for r in steps_logged(metrics)]
     assert len(data) == 5
     kl = [d["tb/kl_step_start"] for d in data]  # policy vs reference on the step's first mini-batch
-    assert all(abs(kl[i]) < 1e-5 for i in (0, 2, 4)), kl
-    assert all(abs(kl[i]) > 1e-3 for i in (1, 3)), kl
+    for i in (0, 2, 4):  # the same weights in two processes: the same log-probs to float32 rounding
+        margin(f"KL at step {i + 1} (reference = policy)", kl[i], 1e-5)
+    for i in (1, 3):
+        margin(f"KL at step {i + 1} (policy moved)", kl[i], 1e-3, below=False)
     assert [d["tb/beta"] for d in data] == pytest.approx(
         [beta_at_step(first_update(g, 2), 0.05, 0.01, 8) for g in range(1, 6)])
     # staleness in optimizer updates at each local update: versions are whole steps of k = 2 updates, so data

@@ -25,7 +25,7 @@ def series(records, key):
     return [r["data"][key] for r in records if key in r["data"]]
 
 
-def test_dr_grpo_trains_and_the_rollout_serves_the_new_weights(tiny_run, tmp_path):
+def test_dr_grpo_trains_and_the_rollout_serves_the_new_weights(tiny_run, tmp_path, margin):
     metrics, trace = tmp_path / "metrics.jsonl", tmp_path / "rollout_trace.jsonl"
     run_verl("cpu_drgrpo", [f"run_dir={tiny_run}", "trainer.total_training_steps=3"],
              log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics),
@@ -39,12 +39,14 @@ def test_dr_grpo_trains_and_the_rollout_serves_the_new_weights(tiny_run, tmp_pat
     assert versions == sorted(versions) and versions[-1] >= 2  # synced after every step
     checksums = [x["checksum"] for x in loads]
     assert len(set(checksums)) > 1  # the rollout really received changed weights
-    # and what it serves is what the trainer holds: rollout log-probs = recomputed old log-probs
-    assert max(series(records, "training/rollout_probs_diff_max")) < 1e-4
+    # and what it serves is what the trainer holds: rollout probabilities = recomputed old ones, up to float32
+    # (incremental decoding vs one forward pass: ~1e-6 on probabilities; a stale weight version moves them by
+    # ~1e-2 at this learning rate)
+    margin("rollout vs trainer prob diff", max(series(records, "training/rollout_probs_diff_max")), 1e-4)
 
 
 @pytest.mark.parametrize("kill_at", ["right_after_checkpoint", "during_generation"])
-def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_path, kill_at):
+def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_path, kill_at, margin):
     """TB + replay in colocate_async; the driver is killed with SIGKILL right after a checkpoint, or later
     while the rollout is generating a batch; the resumed run continues the step count without double counting,
     restores the saved replay store and the moved reference, and carries on the beta schedule. Two mini-batches
@@ -120,11 +122,14 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_
     # the reference: policy-reference KL at the start of a step is zero right after a reset (steps 3, 5) and not
     # otherwise (step 2: KL(theta_1 || theta_0)); right after the resume it is the KL the run had at its last
     # checkpoint (the reset of that step, saved with it), not the KL to the initial model
+    # (the same weights give the same log-probs to float32 rounding, ~1e-7 per token)
     kl = {r["step"]: r["data"]["tb/kl_step_start"] for r in records}
-    assert abs(kl[1]) < 1e-5 and abs(kl[2]) > 1e-3 and (3 not in kl or abs(kl[3]) < 1e-5), kl
+    margin("KL at step 1 (reference = policy)", kl[1], 1e-5)
+    margin("KL at step 2 (policy moved)", kl[2], 1e-3, below=False)
+    if 3 in kl:
+        margin("KL at step 3 (after the reset)", kl[3], 1e-5)
     assert (ckpt / f"global_step_{last}" / REFERENCE_DIR).is_dir()
-    resumed_kl = series(resumed, "tb/kl_step_start")
-    assert abs(resumed_kl[0]) < 1e-5, resumed_kl
+    margin("KL right after the resume", series(resumed, "tb/kl_step_start")[0], 1e-5)
     for key in ("tb/log_z", "tb/kl", "tb/zero_reward_variance_frac", "tb/mean_abs_advantage",
                 "actor/tb/residual_var"):
         assert all(math.isfinite(x) for x in series(both, key)), key
@@ -209,7 +214,7 @@ def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of
         assert d["perf/total_num_tokens"] == pytest.approx(32 * (d["prompt_length/mean"] + d["response_length/mean"]))
 
 
-def test_tb_pg_weights_stale_tokens_by_the_ratio_to_the_searchers_policy(tiny_run, tmp_path):
+def test_tb_pg_weights_stale_tokens_by_the_ratio_to_the_searchers_policy(tiny_run, tmp_path, margin):
     """TBA' on replayed, stale data (colocate_async, m = 0.5): the importance ratio pi_theta / pi_rollout is
     taken against the searcher's log-probs, so it departs from 1 (with old recomputed at the current weights
     it would be exactly 1)."""
@@ -227,5 +232,6 @@ def test_tb_pg_weights_stale_tokens_by_the_ratio_to_the_searchers_policy(tiny_ru
     assert [r["step"] for r in records] == list(range(1, 6))
     assert max(series(records, "replay/staleness_max")) > 0
     ratios = series(records, "actor/tb_pg/ratio_mean")
-    assert series(records, "replay/staleness_max")[0] == 0 and ratios[0] == pytest.approx(1.0, abs=1e-4)  # fresh
-    assert max(abs(x - 1.0) for x in ratios[1:]) > 1e-3, ratios  # stale: the searcher's policy differs
+    assert series(records, "replay/staleness_max")[0] == 0
+    margin("fresh ratio - 1", ratios[0] - 1.0, 1e-4)  # the searcher's weights are the trainer's, up to float32
+    margin("stale max |ratio - 1|", max(abs(x - 1.0) for x in ratios[1:]), 1e-3, below=False)  # another policy

@@ -11,7 +11,7 @@ from tba_ext.tools.recipe import SHORT
 pytestmark = pytest.mark.e2e
 
 
-def test_quickstart_short_writes_a_report_with_before_and_after_accuracy(tmp_path):
+def test_quickstart_short_writes_a_report_with_before_and_after_accuracy(tmp_path, margin):
     summary = quickstart(str(tmp_path / "qs"), short=True, seed=0)
     run = tmp_path / "qs"
     report = (run / "report.md").read_text()
@@ -26,4 +26,5 @@ def test_quickstart_short_writes_a_report_with_before_and_after_accuracy(tmp_pat
     assert os.path.exists(run / "model_tba" / "config.json")
     # the short run must not leave the model worse than its warm start: at most one of the 10 held-out pairs
     # (asked 3-4 times among the 32 test rows) may flip to wrong
-    assert saved["accuracy_after"] >= saved["accuracy_before"] - 4 / 32, saved
+    drop = saved["accuracy_before"] - saved["accuracy_after"]  # a multiple of 1/32
+    margin("held-out accuracy drop", max(drop, 0.0), 4.5 / 32)  # at most 4/32

@@ -139,7 +139,7 @@ def test_redteam_evaluation(fixtures, tmp_path):
 
 
 @pytest.mark.e2e
-def test_tldr_trains_through_verl_with_the_reward_model(fixtures, tmp_path):
+def test_tldr_trains_through_verl_with_the_reward_model(fixtures, tmp_path, margin):
     """The TB run on TL;DR: verl's reward workers score every summary with the user's reward model."""
     from tba_ext.tools.launch import run_verl
     from tba_ext.tasks.scorers import reward_model_scores
@@ -166,4 +166,5 @@ def test_tldr_trains_through_verl_with_the_reward_model(fixtures, tmp_path):
     for row in dumped:
         post = next(p for p in posts if p in row["input"])
         expected = reward_model_scores(str(fixtures / "rm"), [tldr.rm_text(post, row["output"])])[0]
-        assert row["score"] == pytest.approx(expected, abs=1e-4)
+        # the same reward model in verl's reward worker and here, other padding: float32 rounding of a logit
+        margin("reward-model score gap", row["score"] - expected, 1e-4)
