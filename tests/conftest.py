@@ -30,7 +30,7 @@ def margin(request):
     """``margin(name, value, bound, below=True)``: assert ``value < bound`` (or ``> bound`` with below=False) and
     record how close it came (value / bound, or bound / value: 1.0 is the edge). Printed, and appended as a JSON
     line to ``$TBA_EXT_MARGINS`` when set, so repeated runs report their worst margin
-    (benchmarks/test_margins.py)."""
+    (benchmarks/e2e_margins.py)."""
     import json
 
     def check(name: str, value: float, bound: float, below: bool = True) -> None:
