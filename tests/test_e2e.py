@@ -45,13 +45,12 @@ def test_dr_grpo_trains_and_the_rollout_serves_the_new_weights(tiny_run, tmp_pat
     margin("rollout vs trainer prob diff", max(series(records, "training/rollout_probs_diff_max")), 1e-4)
 
 
-@pytest.mark.parametrize("kill_at", ["right_after_checkpoint", "during_generation"])
-def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_path, kill_at, margin):
-    """TB + replay in colocate_async; the driver is killed with SIGKILL right after a checkpoint, or later
-    while the rollout is generating a batch; the resumed run continues the step count without double counting,
-    restores the saved replay store and the moved reference, and carries on the beta schedule. Two mini-batches
-    per step: every count is in optimizer updates, two per global step; the reference is reset every 4 updates
-    (after steps 2, 4, 6, before their checkpoints)."""
+def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run, tmp_path, margin):
+    """TB + replay in colocate_async, one run of 6 steps killed with SIGKILL twice: right after its step-2
+    checkpoint, then (resumed) while the rollout generates a batch after the step-4 checkpoint; each resumed run
+    continues the step count without double counting, restores the saved replay store and the moved reference,
+    and carries on the beta schedule. Two mini-batches per step: every count is in optimizer updates, two per
+    global step; the reference is reset every 4 updates (after steps 2, 4, 6, before their checkpoints)."""
     import signal
     import time
 
@@ -66,70 +65,76 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9(tiny_run, tmp_
         return [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []
 
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
     beta_init, beta_final, anneal = 0.05, 0.01, 6
     common = [f"run_dir={tiny_run}", f"trainer.default_local_dir={ckpt}", "trainer.save_freq=2",
               "trainer.total_training_steps=6", f"algorithm.kl_ctrl.kl_coef={beta_init}",
               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "tba.ref_reset_every=4",
               "actor_rollout_ref.actor.optim.lr=1e-2",  # the policy moves enough for a wrong reference to show
-              f"tba.beta.final={beta_final}", f"tba.beta.anneal_steps={anneal}"]
-    first = tmp_path / "first.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "tba_ext.cli", "train", "--config", "cpu_tba", "--log",
-                             str(tmp_path / "first.log"), "--metrics", str(first), *common],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, TBA_EXT_ROLLOUT_TRACE=str(trace)))
-    tracker = ckpt / "latest_checkpointed_iteration.txt"
+              f"tba.beta.final={beta_final}", f"tba.beta.anneal_steps={anneal}", "trainer.resume_mode=auto"]
 
-    def ready():
-        if kill_at == "right_after_checkpoint":
-            return tracker.exists()
-        # after the step-2 checkpoint, a batch has started generating and not finished (a batch takes ~30 ms,
-        # so the driver's pid is looked up beforehand and the kill follows this check directly)
-        events = trace_events() if len(steps_logged(first)) >= 3 else []
+    def run_killed(name, ready):
+        metrics = tmp_path / f"{name}.jsonl"
+        proc = subprocess.Popen([sys.executable, "-m", "tba_ext.cli", "train", "--config", "cpu_tba", "--log",
+                                 str(tmp_path / f"{name}.log"), "--metrics", str(metrics), *common],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=dict(os.environ, TBA_EXT_ROLLOUT_TRACE=str(trace)))
+        deadline, driver = time.time() + 600, None
+        while time.time() < deadline and proc.poll() is None:
+            if driver is None:  # looked up beforehand: the kill must follow the ready check directly
+                drivers = [p for p in children(proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]
+                driver = drivers[0] if drivers else None
+            elif ready(metrics):
+                break
+            time.sleep(0.005)
+        os.kill(driver, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 1 and "verl exited with code -9" in out
+        assert not session_pids(driver)  # the launcher cleaned up the killed run's Ray processes
+        return read_metrics(metrics)
+
+    def saved_store(step):
+        saved = ckpt / f"global_step_{step}" / REPLAY_FILE
+        assert (ckpt / f"global_step_{step}" / REFERENCE_DIR).is_dir()  # the reset reference, saved with it
+        return saved.read_bytes(), len(load_checked(str(saved))["sampler"]["store"]["trajectories"])
+
+    first = run_killed("first", lambda metrics: tracker.exists())  # right after the step-2 checkpoint
+    assert int(tracker.read_text()) == 2
+    bytes_2, n_saved_2 = saved_store(2)
+
+    def generating_after_step_4(metrics):
+        # after the step-4 checkpoint, a batch has started generating and not finished (a batch takes ~30 ms)
+        events = trace_events() if len(steps_logged(metrics)) >= 2 else []
         return bool(events) and events[-1]["event"] == "generate_begin"
 
-    deadline, driver = time.time() + 600, None
-    while time.time() < deadline and proc.poll() is None:
-        if driver is None:
-            drivers = [p for p in children(proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]
-            driver = drivers[0] if drivers else None
-        elif ready():
-            break
-        time.sleep(0.005)
-    os.kill(driver, signal.SIGKILL)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "verl exited with code -9" in out
-    assert not session_pids(driver)  # the launcher cleaned up the killed run's Ray processes
-
-    records = read_metrics(first)
+    second = run_killed("second", generating_after_step_4)
+    assert [r["step"] for r in second][:2] == [3, 4]  # continues, no double counting
+    assert series(second, "replay/restored_trajectories") == [n_saved_2]
     last = int(tracker.read_text())
-    assert 2 <= last < 6
-    saved = ckpt / f"global_step_{last}" / REPLAY_FILE
-    saved_bytes = saved.read_bytes()
-    n_saved = len(load_checked(str(saved))["sampler"]["store"]["trajectories"])
+    assert last == 4 and (ckpt / "global_step_2" / REPLAY_FILE).read_bytes() == bytes_2  # never rewritten
+    bytes_4, n_saved_4 = saved_store(4)
 
-    second = tmp_path / "second.jsonl"
-    run_verl("cpu_tba", common + ["trainer.resume_mode=auto"], log_path=str(tmp_path / "second.log"),
-             metrics_path=str(second))
-    resumed = read_metrics(second)
-    assert [r["step"] for r in resumed] == list(range(last + 1, 7))  # continues, no double counting
-    assert series(resumed, "replay/restored_trajectories") == [n_saved]
-    assert saved.read_bytes() == saved_bytes  # resuming never rewrites the old checkpoint
-    both = records + resumed
-    for r in both:  # the beta schedule follows the optimizer update (2 per step) across the crash
+    third_path = tmp_path / "third.jsonl"
+    run_verl("cpu_tba", common, log_path=str(tmp_path / "third.log"), metrics_path=str(third_path))
+    third = read_metrics(third_path)
+    assert [r["step"] for r in third] == [5, 6]
+    assert series(third, "replay/restored_trajectories") == [n_saved_4]
+    assert (ckpt / "global_step_4" / REPLAY_FILE).read_bytes() == bytes_4
+
+    both = first + [r for r in second if r["step"] <= last] + third
+    for r in both:  # the beta schedule follows the optimizer update (2 per step) across the crashes
         u = first_update(r["step"], 2)
         assert r["data"]["tb/beta"] == pytest.approx(beta_at_step(u, beta_init, beta_final, anneal))
     assert all(x % 2 == 0 for x in series(both, "replay/staleness_max"))  # one sample per step of 2 updates
     # the reference: policy-reference KL at the start of a step is zero right after a reset (steps 3, 5) and not
-    # otherwise (step 2: KL(theta_1 || theta_0)); right after the resume it is the KL the run had at its last
-    # checkpoint (the reset of that step, saved with it), not the KL to the initial model
-    # (the same weights give the same log-probs to float32 rounding, ~1e-7 per token)
-    kl = {r["step"]: r["data"]["tb/kl_step_start"] for r in records}
+    # otherwise (step 4: KL(theta_3 || theta_2)); right after each resume (steps 3 and 5) it is the KL the run had
+    # at its last checkpoint (that step's reset, saved with it), not the KL to the initial model. The same weights
+    # give the same log-probs to float32 rounding, ~1e-7 per token
+    kl = {r["step"]: r["data"]["tb/kl_step_start"] for r in both}
     margin("KL at step 1 (reference = policy)", kl[1], 1e-5)
-    margin("KL at step 2 (policy moved)", kl[2], 1e-3, below=False)
-    if 3 in kl:
-        margin("KL at step 3 (after the reset)", kl[3], 1e-5)
-    assert (ckpt / f"global_step_{last}" / REFERENCE_DIR).is_dir()
-    margin("KL right after the resume", series(resumed, "tb/kl_step_start")[0], 1e-5)
+    margin("KL right after the first resume (step 3)", kl[3], 1e-5)
+    margin("KL at step 4 (policy moved)", kl[4], 1e-3, below=False)
+    margin("KL right after the second resume (step 5)", kl[5], 1e-5)
     for key in ("tb/log_z", "tb/kl", "tb/zero_reward_variance_frac", "tb/mean_abs_advantage",
                 "actor/tb/residual_var"):
         assert all(math.isfinite(x) for x in series(both, key)), key
