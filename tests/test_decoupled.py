@@ -1,8 +1,10 @@
-"""Decoupled searchers on CPU: a trainer and searcher replicas as separate Ray actors, weights every k
-steps through the Ray object-store checkpoint engine; a searcher killed mid-run is restarted; Ctrl-C stops
-everything."""
+"""Runs driven the way a user drives them (``tba-ext train`` as a subprocess): decoupled searchers on CPU (a trainer
+and searcher replicas as separate Ray actors, weights every k steps through the Ray object-store checkpoint
+engine; a searcher killed mid-run is restarted), verl's own Dr. GRPO serving each step's weights, Ctrl-C and a
+frozen worker stopping everything."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -103,9 +105,13 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
     assert not session_pids(verl_session(proc) or -1)
 
 
-def test_ctrl_c_stops_the_run_and_all_its_processes(tiny_run, tmp_path):
-    proc, metrics = start_train("cpu_tb", tiny_run, tmp_path, "trainer.total_training_steps=50")
-    wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
+def test_dr_grpo_trains_its_rollout_serves_the_new_weights_and_ctrl_c_stops_everything(tiny_run, tmp_path, margin):
+    """verl's own Dr. GRPO pipeline on CPU (one run, two checks that do not interfere): it trains and the rollout
+    serves each step's new weights; Ctrl-C after step 3 stops the run and every process of its session."""
+    trace = tmp_path / "rollout_trace.jsonl"
+    proc, metrics = start_train("cpu_drgrpo", tiny_run, tmp_path, "trainer.total_training_steps=50",
+                                env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
+    wait_for(lambda: len(steps_logged(metrics)) >= 3, 600, "three steps", proc)
     sid = verl_session(proc)
     assert sid and session_pids(sid)
     proc.send_signal(signal.SIGINT)
@@ -113,6 +119,20 @@ def test_ctrl_c_stops_the_run_and_all_its_processes(tiny_run, tmp_path):
     assert proc.returncode == 130, out[-2000:]
     assert "interrupted" in out
     wait_for(lambda: not session_pids(sid), 30, "the verl session to be empty")
+
+    records = steps_logged(metrics)
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1)) and len(records) >= 3
+    data = [r["data"] for r in records]
+    assert all(math.isfinite(d["actor/pg_loss"]) for d in data)
+    assert max(d["actor/grad_norm"] for d in data) > 0
+    loads = [e for e in map(json.loads, trace.read_text().splitlines()) if e["event"] == "weights"]
+    versions = [x["global_steps"] for x in loads]
+    assert versions == sorted(versions) and versions[-1] >= 2  # synced after every step
+    assert len({x["checksum"] for x in loads}) > 1  # the rollout really received changed weights
+    # and what it serves is what the trainer holds: rollout probabilities = recomputed old ones, up to float32
+    # (incremental decoding vs one forward pass: ~1e-6 on probabilities; a stale weight version moves them by
+    # ~1e-2 at this learning rate)
+    margin("rollout vs trainer prob diff", max(d["training/rollout_probs_diff_max"] for d in data), 1e-4)
 
 
 FROZEN = {
