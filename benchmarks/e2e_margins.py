@@ -47,6 +47,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("-k", default=DEFAULT_SELECTION)
     parser.add_argument("--out", default="benchmarks/results/e2e_margins.json")
+    parser.add_argument("--also", nargs="*", default=[], metavar="JSONL",
+                        help="margin records of earlier runs (TBA_EXT_MARGINS files, e.g. a CI run's) to count too")
+    parser.add_argument("--keep", default=None, metavar="JSONL", help="append this run's raw records here")
     args = parser.parse_args()
 
     meta = provenance()
@@ -64,8 +67,14 @@ def main() -> int:
         if proc.returncode:
             print(proc.stdout[-4000:], flush=True)
         if os.path.exists(path):
-            records += [dict(json.loads(line), repeat=repeat) for line in open(path)]
+            new = [dict(json.loads(line), repeat=repeat) for line in open(path)]
+            records += new
+            if args.keep:
+                with open(args.keep, "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in new)
             os.unlink(path)
+    for extra in args.also:
+        records += [dict(json.loads(line), source=extra) for line in open(extra)]
 
     worst = collections.OrderedDict()
     for r in records:
@@ -73,7 +82,8 @@ def main() -> int:
         entry = worst.setdefault(key, {"worst_ratio": 0.0, "bound": r["bound"], "below": r["below"], "values": []})
         entry["values"].append(r["value"])
         entry["worst_ratio"] = max(entry["worst_ratio"], r["ratio"])
-    result = {"how": f"{args.repeats} runs in a row of pytest -m e2e -k '{args.k}'; ratio = value / bound for an "
+    result = {"how": f"{args.repeats} runs in a row of pytest -m e2e -k '{args.k}'"
+                     + (f", plus the records of {args.also}" if args.also else "") + "; ratio = value / bound for an "
                      "upper bound, bound / value for a lower one (1.0 = the edge); worst over the repeats",
               "provenance": meta, "runs": runs, "checks": worst}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
