@@ -22,10 +22,19 @@ import ray
 pytestmark = pytest.mark.e2e
 
 
+# each node's worker ports: a fixed range per test process, which the other ports must stay out of (Ray refuses
+# to start a node whose components share a port; a random port inside the range failed a CI run once)
+WORKER_PORTS_BASE = 40000 + (os.getpid() % 100) * 200
+WORKER_PORTS = range(WORKER_PORTS_BASE, WORKER_PORTS_BASE + 200)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in WORKER_PORTS:
+            return port
 
 
 def start_node(env, tmp_path, ray_tmp, gcs_address, head: bool, worker_ports: int):
@@ -98,7 +107,7 @@ def test_decoupled_tba_on_a_two_node_cluster_trainer_and_searcher_on_different_n
     env.pop("RAY_ADDRESS", None)
     gcs_address = f"{ray.util.get_node_ip_address()}:{free_port()}"
     ray_tmp = tempfile.mkdtemp(prefix="tba_mn_", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    base = 40000 + (os.getpid() % 100) * 200
+    base = WORKER_PORTS_BASE
     head = start_node(env, tmp_path, ray_tmp, gcs_address, head=True, worker_ports=base)
     nodes = [head]
     seen: set[psutil.Process] = set()
