@@ -169,8 +169,9 @@ def test_a_bad_reward_function_stops_the_run_naming_it_and_keeps_checkpoints(tin
 
 
 def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of_s(tiny_run, tmp_path):
-    """tba_sync with m = 1: each step's 8 freshly generated groups are exactly the 8 groups trained on, none
-    repeated; searchers generate S = 6 per prompt and the trainer draws K = rollout.n = 4 of them."""
+    """tba_sync with m = 1: each step's freshly generated groups are all trained on, once; slots a duplicated
+    question leaves go to the next-freshest stored prompts; searchers generate S = 6 per prompt and the trainer
+    draws K = rollout.n = 4 of them."""
     from tba_ext.core.tb import beta_at_step
 
     metrics = tmp_path / "metrics.jsonl"
@@ -193,7 +194,9 @@ def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of
         assert d["replay/repeated_prompts"] == repeats
         assert d["replay/recency_fallback_groups"] == 8 - fresh - repeats
         assert d["replay/distinct_prompt_frac"] * 8 == pytest.approx(8 - repeats)
-    assert series(records, "replay/staleness_max") == [0.0] * 3
+        # fresh groups are on-policy; next-freshest prompts are the step before's (max_staleness=0 would keep
+        # them out: the compare harness's on-policy setting)
+        assert d["replay/staleness_max"] == float(d["replay/recency_fallback_groups"] > 0)
     # one optimizer update per step: beta at step u is the paper's formula at update u
     assert series(records, "tb/beta") == pytest.approx([beta_at_step(u, 0.05, 0.01, 3) for u in (1, 2, 3)])
     # verl trained on B x K = 32 trajectories, no padding rows (its batch arithmetic still sees n = K = 4)
