@@ -150,11 +150,7 @@ class TrajectoryStore:
     """
 
     def __init__(self, per_prompt_capacity: int, capacity: int, capacity_bytes: int | None = None):
-        if per_prompt_capacity <= 0 or capacity <= 0 or (capacity_bytes is not None and capacity_bytes <= 0):
-            raise ValueError("per_prompt_capacity, capacity and capacity_bytes must be > 0")
-        self.per_prompt_capacity = per_prompt_capacity
-        self.capacity = capacity
-        self.capacity_bytes = capacity_bytes
+        self._set_capacities(per_prompt_capacity, capacity, capacity_bytes)
         self.stats = StoreStats()
         self._prompts: dict[Hashable, PromptEntry] = {}
         self._versions: list[int] = []  # sorted versions present: the oldest is evicted first
@@ -200,10 +196,7 @@ class TrajectoryStore:
         self.stats.added += 1
         for listener in self.fresh_listeners:
             listener(traj.prompt_key)
-        while len(entry.items) > self.per_prompt_capacity:
-            self.evict(entry.items[0])
-        while self._size > self.capacity or (self.capacity_bytes is not None and self._bytes > self.capacity_bytes):
-            self._evict_oldest()
+        self._evict_over_capacity([entry])
         return True
 
     # -- select --------------------------------------------------------------------------------------------
@@ -272,16 +265,23 @@ class TrajectoryStore:
     def resize(self, per_prompt_capacity: int, capacity: int, capacity_bytes: int | None) -> int:
         """Take new capacities (a resumed run's settings), evicting oldest first as ``admit`` does; returns how many
         trajectories left."""
+        before = self.stats.evicted
+        self._set_capacities(per_prompt_capacity, capacity, capacity_bytes)
+        self._evict_over_capacity(list(self._prompts.values()))
+        return self.stats.evicted - before
+
+    def _set_capacities(self, per_prompt_capacity: int, capacity: int, capacity_bytes: int | None) -> None:
         if per_prompt_capacity <= 0 or capacity <= 0 or (capacity_bytes is not None and capacity_bytes <= 0):
             raise ValueError("per_prompt_capacity, capacity and capacity_bytes must be > 0")
-        before = self.stats.evicted
         self.per_prompt_capacity, self.capacity, self.capacity_bytes = per_prompt_capacity, capacity, capacity_bytes
-        for entry in list(self._prompts.values()):
-            while len(entry.items) > per_prompt_capacity:
+
+    def _evict_over_capacity(self, entries: list[PromptEntry]) -> None:
+        """The per-prompt cap on ``entries``, then the global caps: the oldest trajectory leaves first."""
+        for entry in entries:
+            while len(entry.items) > self.per_prompt_capacity:
                 self.evict(entry.items[0])
-        while self._size > capacity or (capacity_bytes is not None and self._bytes > capacity_bytes):
+        while self._size > self.capacity or (self.capacity_bytes is not None and self._bytes > self.capacity_bytes):
             self._evict_oldest()
-        return self.stats.evicted - before
 
     def _evict_oldest(self) -> None:
         """The oldest version's first prompt (in admission order) loses its oldest trajectory, which is of that
