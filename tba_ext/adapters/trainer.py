@@ -26,17 +26,26 @@ import ray
 import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf, open_dict
-from tensordict import NonTensorStack
+from tensordict import NonTensorStack, TensorDict
 
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions, log_seqlen_unbalance
+from verl.workers.utils.padding import response_to_nested
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.ray_utils import auto_await
 
-from tba_ext.adapters import losses
+from tba_ext.adapters import fused, losses
 from tba_ext.core import tb
-from tba_ext.core.settings import check_tba_run, dataloader_fetch, prompts_to_queue, step_folder, updates_per_step
+from tba_ext.core.settings import (
+    check_tba_run,
+    dataloader_fetch,
+    fused_update_plan,
+    prompts_to_queue,
+    step_folder,
+    updates_per_step,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +130,10 @@ class TBATrainerMixin:
         plain = OmegaConf.to_container(config, resolve=True)
         self.tba, self.replay_settings = check_tba_run(plain)
         self.updates_per_step = updates_per_step(plain)
+        self.fused, why = fused_update_plan(plain, self.tba)
+        if plain["algorithm"].get("adv_estimator") in losses.ESTIMATOR_NAMES:
+            print("tba-ext: " + ("fused TB update: one actor call per optimizer update, log Z from its forward"
+                                 if self.fused else f"three-call TB update ({why})"), flush=True)
         # verl branches on trainer_mode == "sync" etc.; run as the base mode we extend
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.base_mode
@@ -132,6 +145,11 @@ class TBATrainerMixin:
             self.replay_buffer.local_updates = self.parameter_sync_step
             if self.base_mode == "separate_async":  # searchers independent of the trainer: fill the initial buffer
                 self.replay_buffer.request_prompts = self._add_prompts_to_generate
+
+    def on_init_end(self):
+        if self.fused:  # the actor workers' loss becomes the fused TB loss (same actor config)
+            ray.get([w.__ray_call__.remote(fused.install_fused_loss) for w in self.actor_rollout_wg.workers])
+        super().on_init_end()
 
     def on_sample_begin(self):
         if self.replay_settings is not None:  # which of the step's k samples is served next: its staleness
@@ -161,7 +179,82 @@ class TBATrainerMixin:
             self.kl_ctrl_in_reward.value = beta
         super().on_step_begin()
 
+    # -- the fused update: whole groups per rank, no old-log-prob pass, the loss computed on the workers ------
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """Fused: verl's token balancing across data-parallel ranks, over whole prompt groups (each rank's slice,
+        and every mini-batch and micro-batch in it, holds all rollout.n members of its groups)."""
+        if not self.fused:
+            return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        wg = self.actor_rollout_wg
+        if "actor" not in wg._dispatch_info:
+            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
+        dp_size = max(wg._dispatch_info["actor"]) + 1
+        uids = _as_list(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                        select_fields=["uid"])["uid"])
+        members: dict = {}
+        for row, (uid, tag) in enumerate(zip(uids, batch.tags)):
+            if tag.get("is_padding", False):
+                raise RuntimeError("tba-ext fused update: verl padded the batch; prompts per update must be a "
+                                   "multiple of the data-parallel size (data.train_batch_size)")
+            members.setdefault(uid, []).append(row)
+        groups = list(members.values())
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        if any(len(g) != n for g in groups) or len(groups) % dp_size:
+            raise RuntimeError(f"tba-ext fused update: {len(groups)} groups of sizes {sorted({len(g) for g in groups})}"
+                               f" cannot be split whole over {dp_size} ranks in groups of rollout.n={n}")
+        seqlen = torch.tensor([tag["seq_len"] for tag in batch.tags], dtype=torch.int64)
+        workload = calculate_workload(seqlen).tolist()
+        parts = get_seqlen_balanced_partitions([sum(workload[r] for r in g) for g in groups], k_partitions=dp_size,
+                                               equal_size=True)
+        order = [row for part in parts for group in sorted(part) for row in groups[group]]
+        batch.reorder(order)
+        metrics.update(log_seqlen_unbalance(seqlen_list=seqlen.tolist(), prefix=logging_prefix, partitions=[
+            [row for group in part for row in groups[group]] for part in parts]))
+        return batch
+
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        if self.fused:  # TB has no ratio against pi_old and takes log Z from the training forward
+            return batch
+        return super()._compute_old_log_prob(batch, metrics)
+
+    def _fused_advantage(self, batch, metrics: dict):
+        """Fused: the driver writes each row's group index (the loss groups by it) and, for verl's data metrics,
+        the reward part of the advantage, r - mean_group r (the KL part is known only to the forward: tb/*)."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["rm_scores", "uid", "response_mask"])
+        response_mask = data["response_mask"]
+        padded = data.to_padded_tensor()
+        reward = (padded["rm_scores"] * padded["response_mask"]).sum(-1)
+        uids = _as_list(padded["uid"])
+        groups = tb.group_ids(uids)
+        metrics["tb/zero_reward_variance_frac"] = tb.zero_variance_fraction(reward.numpy(), uids)
+        metrics["tb/beta"] = self.current_beta()
+        centred = (reward - tb.group_mean(reward, groups)).unsqueeze(-1) * padded["response_mask"].to(reward.dtype)
+        nested = response_to_nested(centred, response_mask)
+        fields = TensorDict({fused.GROUP_FIELD: groups, "advantages": nested, "returns": nested.clone()},
+                            batch_size=len(batch))
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+
+    def _update_actor(self, batch, metrics: dict):
+        if not self.fused:
+            return super()._update_actor(batch, metrics)
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        actor = self.config.actor_rollout_ref.actor
+        batch.extra_info.update({fused.BETA_KEY: self.current_beta(), fused.MODE_KEY: actor.policy_loss.loss_mode,
+                                 "force_group_size": n})
+        if not actor.use_dynamic_bsz:  # verl's micro-batch is then micro_batch_size_per_gpu groups
+            batch.extra_info["micro_batch_size_per_gpu"] = int(actor.ppo_micro_batch_size_per_gpu) // n
+        batch = super()._update_actor(batch, metrics)
+        for key in fused.BATCH_METRICS:  # the names verl's three-call pipeline reports them under
+            if "actor/" + key in metrics:
+                metrics[key] = metrics.pop("actor/" + key)
+        if "tb/kl" in metrics and getattr(self, "local_trigger_step", 0) == 0:  # the step's first update
+            metrics["tb/kl_step_start"] = metrics["tb/kl"]
+        return batch
+
     def _compute_advantage(self, batch, metrics: dict):
+        if self.fused:
+            return self._fused_advantage(batch, metrics)
         if self.config.algorithm.adv_estimator in losses.ESTIMATOR_NAMES:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["rm_scores", "uid"])
             padded = data.to_padded_tensor()  # as verl's own _compute_advantage reads these fields
@@ -420,6 +513,8 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
                 time.sleep(2)
 
     def _compute_old_log_prob(self, batch, metrics: dict):
+        if self.fused:
+            return batch
         # verl restores the sync-window's pi_old here for PPO's clipped ratio. TB has no ratio: its log Z is
         # estimated at the policy being updated, as the paper's trainer does, so use the current weights.
         return PPOTrainer._compute_old_log_prob(self, batch, metrics)

@@ -79,6 +79,9 @@ class TBASettings:
     # (1.0: searchers keep the queue's lead and no more); null = as fast as the searchers go. Where searchers
     # and trainer share the same cores (CPU), generation nobody trains on only slows the trainer.
     searcher_prompts_per_consumed: Optional[float] = None
+    # the fused update (tba_ext.adapters.fused): one actor call per optimizer update, log Z from the training
+    # forward, no old-log-prob pass; false = verl's three-call pipeline (old log-probs, advantage, update)
+    fused_update: bool = True
 
 
 def _build(cls, node: Mapping[str, Any] | None, prefix: str):
@@ -277,6 +280,48 @@ def prompts_to_queue(queue: int, inflight: int, chunk: int, submitted: int, cons
     if per_consumed is not None:
         missing = min(missing, int(queue + per_consumed * consumed) - submitted)
     return max(missing, 0) // chunk * chunk
+
+
+def fused_update_plan(cfg: Mapping[str, Any], settings: TBASettings) -> tuple[bool, str]:
+    """Whether a tb / tb_pg run takes the fused update, and why not when it does not. Refuses, naming the key,
+    settings under which a micro-batch could not hold whole prompt groups (log Z is a group mean of the forward)."""
+    algo, aro = cfg["algorithm"], cfg["actor_rollout_ref"]
+    actor, n = aro["actor"], int(aro["rollout"]["n"])
+    if algo.get("adv_estimator") not in TB_MODES:
+        return False, "not a tb / tb_pg run"
+    if not settings.fused_update:
+        return False, "tba.fused_update=false"
+    if actor.get("strategy") == "megatron":
+        return False, ("Megatron actor: verl's three-call update (old log-probs, advantage, update); the fused "
+                       "update needs the FSDP engine's force_group_size micro-batching")
+    prefix = "actor_rollout_ref.actor."
+    if actor.get("shuffle", False):
+        raise ValueError(f"{prefix}shuffle=True splits prompt groups across mini-batches; the fused TB update takes "
+                         "log Z from whole groups: set it to False (or tba.fused_update=false)")
+    if actor.get("use_dynamic_bsz", False):
+        data = cfg["data"]
+        group_tokens = n * (int(data["max_prompt_length"]) + int(data["max_response_length"]))
+        if int(actor.get("ppo_max_token_len_per_gpu") or 0) < group_tokens:
+            raise ValueError(f"{prefix}ppo_max_token_len_per_gpu={actor.get('ppo_max_token_len_per_gpu')} cannot "
+                             f"hold one prompt group of rollout.n={n} at full length ({group_tokens} tokens); the "
+                             "fused TB update keeps groups whole per micro-batch: raise it")
+    else:
+        micro = actor.get("ppo_micro_batch_size_per_gpu")
+        if micro is None or int(micro) % n:
+            raise ValueError(f"{prefix}ppo_micro_batch_size_per_gpu={micro} must be a multiple of rollout.n={n}: the "
+                             "fused TB update keeps prompt groups whole per micro-batch")
+    trainer = cfg["trainer"]
+    dp = int(trainer.get("n_gpus_per_node", 1)) * int(trainer.get("nnodes", 1))
+    dp //= int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    k = int(((trainer.get("v1") or {}).get("separate_async") or {}).get("parameter_sync_step", 1) or 1)
+    if trainer.get("v1", {}).get("trainer_mode") != "tba_separate_async":
+        k = 1
+    per_update = int(cfg["data"]["train_batch_size"]) // k
+    if per_update % dp or int(actor["ppo_mini_batch_size"]) % dp:
+        raise ValueError(f"data.train_batch_size / k = {per_update} and {prefix}ppo_mini_batch_size="
+                         f"{actor['ppo_mini_batch_size']} prompts must be multiples of the {dp} data-parallel "
+                         "ranks: the fused TB update gives each rank whole prompt groups")
+    return True, "fused"
 
 
 def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings | None]:

@@ -70,6 +70,30 @@ def tb_loss_from_advantage(
     return (policy_seq_logprob - old_seq_logprob - advantage) ** 2
 
 
+def vargrad_tb_loss(policy_seq_logprob: torch.Tensor, ref_seq_logprob: torch.Tensor, reward: torch.Tensor,
+                    groups: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 5 per trajectory, from one forward pass: (log Z_i + delta_ij)^2, shape (B,), and log Z_i per row.
+
+    delta_ij = l_theta(y_ij) - l_ref(y_ij) - r_ij / beta and log Z_i = -stopgrad(mean_j delta_ij), the group
+    mean of the same forward (reference code, tba_trainer_gsm8k.py:692-707), so the loss is exact at every
+    update, not only at the policy that started the step. ``groups`` must hold every member of each group.
+    """
+    delta = policy_seq_logprob - ref_seq_logprob - reward / beta
+    log_z = -group_mean(delta.detach(), groups)
+    return (log_z + delta) ** 2, log_z
+
+
+def tb_pg_advantage(policy_seq_logprob: torch.Tensor, ref_seq_logprob: torch.Tensor, reward: torch.Tensor,
+                    groups: torch.Tensor, beta: float) -> torch.Tensor:
+    """TBA' advantage from one forward pass: (r - r_bar) - beta (kl - kl_bar), kl = sg(l_theta) - l_ref, shape (B,).
+
+    beta times the TB advantage at the policy being trained; it is minus beta times the centred delta of eq. 5,
+    so its policy gradient is eq. 5's gradient (App. A). Detached: it weights the gradient.
+    """
+    score = reward - beta * (policy_seq_logprob.detach() - ref_seq_logprob)
+    return (score - group_mean(score, groups)).detach()
+
+
 def rollout_ratio(token_logprob: torch.Tensor, old_token_logprob: torch.Tensor,
                   old_over_rollout: torch.Tensor) -> torch.Tensor:
     """pi_theta / pi_rollout per token, against the policy that generated the trajectory (the searcher's, which

@@ -1,0 +1,114 @@
+"""The fused TB / TBA' update: one actor call per optimizer update, as the paper's trainer does.
+
+verl's pipeline computes old log-probs (a forward pass), reference log-probs (another), the advantage on the
+driver, then the update (forward + backward). TB needs neither the old log-probs nor a driver-side advantage:
+log Z is the detached group mean of the training forward itself (``tba_ext.core.tb.vargrad_tb_loss``), so every
+micro-batch must hold whole prompt groups. The trainer makes that true (``TBATrainerMixin._balance_batch`` puts
+whole groups on each data-parallel rank, ``force_group_size`` keeps them whole in verl's micro-batching) and
+``fused_tb_loss`` below replaces verl's ``ppo_loss`` on the actor workers. Fields it reads from each micro-batch:
+``response_mask``, ``rm_scores`` (the reward), ``ref_log_prob``, ``tba_group`` (dense group index written by the
+trainer), ``rollout_log_probs`` (TBA' only); beta and the loss mode come as the batch's ``tba_beta`` /
+``tba_loss_mode``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from verl.trainer.ppo.core_algos import agg_loss
+from verl.utils import tensordict_utils as tu
+from verl.utils.metric import AggregationType, Metric
+from verl.workers.utils.padding import no_padding_2_padding
+
+from tba_ext.core import tb
+from tba_ext.core.settings import IS_RATIO_MAX
+
+# extra_info keys the trainer sets on the batch it hands to update_actor
+BETA_KEY, MODE_KEY, GROUP_FIELD = "tba_beta", "tba_loss_mode", "tba_group"
+# statistics of the batch that the three-call path computes on the driver (tb/*); the trainer moves them out of
+# verl's actor/ namespace, where the rest of the loss's metrics stay (actor/tb/residual_var, actor/tb_pg/*)
+BATCH_METRICS = ("tb/kl", "tb/log_z", "tb/mean_abs_advantage")
+
+
+def _global_batch_info(config, data) -> dict:
+    """verl's normalisation over the global batch (as its ppo_loss sets it): exact across micro-batches and
+    data-parallel ranks."""
+    config.global_batch_info["dp_size"] = data["dp_size"]
+    config.global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]
+    config.global_batch_info["global_batch_size"] = data["global_batch_size"]
+    config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
+    return config.global_batch_info
+
+
+def fused_tb_loss(config, model_output, data, dp_group=None):
+    """verl engine loss (``set_loss_fn``) for ``loss_mode`` tb and tb_pg, computed from this forward alone.
+
+    tb: mean over trajectories of (log Z_i + delta_ij)^2 (eq. 5), log Z_i the detached group mean of delta.
+    tb_pg: -sg(min(pi_theta / pi_rollout, is_ratio_max)) * A * log pi_theta, A = (r - r_bar) - beta (kl - kl_bar)
+    at this forward, aggregated with ``loss_agg_mode``. Returns (loss, metrics) as verl's ppo_loss does.
+    """
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    beta = float(tu.get_non_tensor_data(data=data, key=BETA_KEY, default=None))
+    mode = tu.get_non_tensor_data(data=data, key=MODE_KEY, default=None)
+    batch_info = _global_batch_info(config, data)
+    fields = ["response_mask", "rm_scores", "ref_log_prob", GROUP_FIELD] + (["rollout_log_probs"] if mode == "tb_pg"
+                                                                            else [])
+    padded = data.select(*fields).to_padded_tensor()
+    mask = padded["response_mask"].to(log_prob.dtype)
+    groups = tb.group_ids(padded[GROUP_FIELD].tolist())
+    sizes = torch.bincount(groups)
+    if (sizes < 2).any() or (sizes != sizes[0]).any():
+        raise RuntimeError(f"tba-ext fused update: a micro-batch holds prompt groups of sizes {sizes.tolist()}; "
+                           "each must hold whole groups of rollout.n (a group was split across micro-batches)")
+    policy = tb.sequence_logprob(log_prob, mask)
+    ref = tb.sequence_logprob(padded["ref_log_prob"].to(log_prob.dtype), mask)
+    reward = tb.sequence_logprob(padded["rm_scores"].to(log_prob.dtype), mask)
+    tokens = mask.sum(-1).clamp(min=1.0)
+    metrics = {"tb/kl": ((policy - ref).detach() / tokens).mean().item()}  # per-token k1, as verl's kl metric
+    loss_scale = float(getattr(config.policy_loss, "loss_scale", 1.0))
+    if mode == "tb":
+        per_seq, log_z = tb.vargrad_tb_loss(policy, ref, reward, groups, beta)
+        # spread each trajectory's loss over its tokens so seq-mean-token-sum sums it back exactly
+        loss_mat = per_seq.unsqueeze(-1) * mask / tokens.unsqueeze(-1)
+        loss = agg_loss(loss_mat, mask, "seq-mean-token-sum", **batch_info) * loss_scale
+        metrics.update({"tb/residual_var": per_seq.detach().mean().item(), "tb/log_z": log_z.mean().item(),
+                        "tb/mean_abs_advantage": ((policy.detach() - ref - reward / beta + log_z).abs().mean()
+                                                  .item())})
+    elif mode == "tb_pg":
+        advantage = tb.tb_pg_advantage(policy, ref, reward, groups, beta)
+        is_ratio_max = float(getattr(config.policy_loss, "is_ratio_max", IS_RATIO_MAX))
+        ratio = torch.exp(log_prob - padded["rollout_log_probs"].to(log_prob.dtype)).detach()
+        loss_mat = tb.tb_pg_loss_matrix(log_prob, advantage.unsqueeze(-1) * mask, ratio, is_ratio_max)
+        loss = agg_loss(loss_mat, mask, config.loss_agg_mode, **batch_info) * loss_scale
+        n_tokens = mask.sum().clamp(min=1.0)
+        metrics.update({
+            "tb/log_z": (tb.group_mean(reward - beta * (policy.detach() - ref), groups) / beta).mean().item(),
+            "tb/mean_abs_advantage": (advantage.abs() / beta).mean().item(),
+            "tb_pg/is_ratio_clipfrac": (((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / n_tokens).item(),
+            "tb_pg/ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
+            "tb_pg/ratio_max": (ratio * mask).max().item(),
+        })
+    else:
+        raise RuntimeError(f"tba-ext fused update: the batch carries {MODE_KEY}={mode!r}, expected tb or tb_pg")
+    out = Metric.from_dict(metrics, aggregation=AggregationType.MEAN)
+    global_norm = data["dp_size"] > 1 or data["global_batch_size"] is not None
+    out["actor/pg_loss"] = Metric(value=loss, aggregation=AggregationType.SUM if global_norm
+                                  else AggregationType.MEAN)
+    return loss, out
+
+
+def install_fused_loss(worker) -> int:
+    """Runs inside an actor worker (``__ray_call__``): replace verl's ppo_loss by ``fused_tb_loss`` with the
+    same actor config. Returns how many actors were switched (1 per process)."""
+    switched = 0
+    for candidate in (worker, *getattr(worker, "worker_dict", {}).values()):
+        actor, loss_fn = getattr(candidate, "actor", None), getattr(candidate, "loss_fn", None)
+        if actor is None or not isinstance(loss_fn, functools.partial) or "config" not in loss_fn.keywords:
+            continue
+        actor.set_loss_fn(functools.partial(fused_tb_loss, config=loss_fn.keywords["config"]))
+        switched += 1
+    if not switched:
+        raise RuntimeError("tba-ext fused update: no verl actor with a ppo_loss in this worker")
+    return switched

@@ -1,0 +1,197 @@
+"""The fused TB / TBA' loss (tba_ext.adapters.fused) on micro-batches in verl's engine format.
+
+Against an independent eq. 5 at any policy (updates 2..k of a step included), and against the three-call path
+(verl's old-log-prob pass, the registered estimator, the registered loss) at theta = old.
+"""
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+import verl  # noqa: F401  (loads the tba_ext plugin through its entry point)
+from omegaconf import OmegaConf
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+from verl.utils import tensordict_utils as tu
+
+from tba_ext.adapters import fused
+from tba_ext.core import tb
+from tba_ext.core.settings import TBASettings, fused_update_plan
+
+from test_tb_math import LossConfig, direct_eq5, tb_advantages
+
+
+class ActorConfig(LossConfig):
+    """The ActorConfig attributes the fused loss reads (verl hands it the worker's actor config)."""
+
+    def __init__(self, loss_agg_mode="seq-mean-token-sum-norm"):
+        super().__init__(global_batch_size=None)
+        self.loss_agg_mode = loss_agg_mode
+        self.loss_scale_factor = None
+
+
+def group_batch(n_groups, k, length, seed, shuffle=True):
+    g = torch.Generator().manual_seed(seed)
+    b = n_groups * k
+    ref = -torch.rand(b, length, generator=g) * 2
+    old = ref + 0.3 * torch.randn(b, length, generator=g)
+    rollout = old + 0.2 * torch.randn(b, length, generator=g)  # the searcher's policy, a few updates stale
+    lengths = torch.randint(1, length + 1, (b,), generator=g)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
+    reward = torch.randint(0, 2, (b,), generator=g).float() + 0.1 * torch.randn(b, generator=g)
+    groups = torch.arange(b) // k
+    if shuffle:  # members of a group need not be adjacent within a micro-batch
+        perm = torch.randperm(b, generator=g)
+        old, ref, rollout, mask, reward, groups = (x[perm] for x in (old, ref, rollout, mask, reward, groups))
+    return old, ref, rollout, mask, reward, groups
+
+
+def engine_inputs(theta, ref, rollout, mask, reward, groups, beta, mode, rows, global_batch_size, dp_size=1):
+    """``rows`` of the batch as verl's engine hands one micro-batch to its loss: nested (jagged) response
+    fields, the model's log-probs over prompt + response unpadded (shifted by one), batch info non-tensor."""
+    resp_len = mask[rows].sum(-1).long().tolist()
+    prompt_len = [2 + (i % 3) for i in range(len(rows))]
+    flat = []
+    for j, (row, p, r) in enumerate(zip(rows, prompt_len, resp_len)):
+        # position t of the unpadded output predicts token t + 1: response token s sits at p - 1 + s
+        flat += [torch.zeros(p - 1), theta[row, :r], torch.zeros(1)]
+    log_probs = torch.cat(flat)
+
+    def nested(per_row):
+        return torch.nested.nested_tensor(per_row, layout=torch.jagged)
+
+    scores = []
+    for row, r in zip(rows, resp_len):
+        s = torch.zeros(r)
+        s[-1] = reward[row]
+        scores.append(s)
+    data = TensorDict({
+        "prompts": nested([torch.ones(p, dtype=torch.long) for p in prompt_len]),
+        "responses": nested([torch.ones(r, dtype=torch.long) for r in resp_len]),
+        "response_mask": nested([torch.ones(r, dtype=torch.long) for r in resp_len]),
+        "rm_scores": nested(scores),
+        "ref_log_prob": nested([ref[row, :r] for row, r in zip(rows, resp_len)]),
+        "rollout_log_probs": nested([rollout[row, :r] for row, r in zip(rows, resp_len)]),
+        fused.GROUP_FIELD: groups[rows],
+    }, batch_size=[len(rows)])
+    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=int(mask.sum()), global_batch_size=global_batch_size,
+                         **{fused.BETA_KEY: beta, fused.MODE_KEY: mode})
+    return {"log_probs": log_probs}, data
+
+
+def fused_loss(theta, batch, beta, mode, micro_batches, config=None, dp_size=1):
+    """Sum of the fused loss over ``micro_batches`` (lists of rows), as verl's gradient accumulation sums."""
+    _, ref, rollout, mask, reward, groups = batch
+    total, metrics = 0.0, []
+    for rows in micro_batches:
+        out, data = engine_inputs(theta, ref, rollout, mask, reward, groups, beta, mode, rows,
+                                  global_batch_size=len(reward), dp_size=dp_size)
+        loss, m = fused.fused_tb_loss(config or ActorConfig(), out, data)
+        total, metrics = total + loss, metrics + [m]
+    return total, metrics
+
+
+def rows_of(groups, group_ids):
+    return [i for i in range(len(groups)) if int(groups[i]) in group_ids]
+
+
+@pytest.mark.parametrize("n_groups,k,beta", [(4, 5, 0.05), (2, 2, 0.004), (6, 3, 1.0)])
+def test_fused_tb_is_eq5_at_any_policy_for_any_split_into_whole_groups(n_groups, k, beta):
+    batch = group_batch(n_groups, k, 7, seed=n_groups)
+    old, ref, _, mask, reward, groups = batch
+    for drift in (0.0, 0.5):  # theta = old (update 1) and theta moved (updates 2..k share one sample)
+        theta = (old + drift * torch.randn(old.shape, generator=torch.Generator().manual_seed(7))).requires_grad_()
+        expected = direct_eq5(theta, ref, mask, reward, groups, beta)
+        (g_expected,) = torch.autograd.grad(expected, theta)
+        for split in ([list(range(n_groups))], [[g] for g in range(n_groups)],
+                      [list(range(0, n_groups, 2)), list(range(1, n_groups, 2))]):
+            loss, _ = fused_loss(theta, batch, beta, "tb", [rows_of(groups, s) for s in split])
+            (g_loss,) = torch.autograd.grad(loss, theta)
+            assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-6), (drift, split)
+            assert torch.allclose(g_loss, g_expected, rtol=1e-5, atol=1e-6), (drift, split)
+
+
+def test_fused_tb_equals_the_three_call_update_at_theta_old_and_drops_its_drift_term_after():
+    beta = 0.05
+    batch = group_batch(3, 4, 6, seed=11)
+    old, ref, _, mask, reward, groups = batch
+    uids = np.array([f"p{int(g)}" for g in groups], dtype=object)
+    adv = tb_advantages(old, ref, mask, reward, uids, beta)  # verl's KL-in-reward + the registered estimator
+    three_call = get_policy_loss_fn("tb")
+    every_group = [list(range(len(groups)))]
+    for drift in (0.0, 0.4):
+        theta = (old + drift * torch.randn(old.shape, generator=torch.Generator().manual_seed(3))).requires_grad_()
+        ours, _ = fused_loss(theta, batch, beta, "tb", every_group)
+        theirs, _ = three_call(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
+                               config=LossConfig(global_batch_size=len(reward)))
+        (g_ours,) = torch.autograd.grad(ours, theta)
+        (g_theirs,) = torch.autograd.grad(theirs, theta)
+        if drift == 0.0:
+            assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+            assert torch.allclose(g_ours, g_theirs, rtol=1e-5, atol=1e-6)
+        else:  # log Z held at its step-start value adds mean_i (mean_j [l_theta - l_old])^2 to eq. 5
+            moved = tb.sequence_logprob(theta - old, mask).detach()
+            drift_term = (tb.group_mean(moved, groups) ** 2).mean()
+            assert drift_term > 1e-2
+            assert torch.allclose(theirs - ours, drift_term, rtol=1e-4, atol=1e-6)
+            assert not torch.allclose(g_ours, g_theirs, rtol=1e-3, atol=1e-4)
+
+
+def test_fused_tb_pg_equals_the_three_call_update_at_theta_old_with_the_ratio_to_the_searcher():
+    beta = 0.05
+    batch = group_batch(3, 4, 6, seed=5)
+    old, ref, rollout, mask, reward, groups = batch
+    uids = np.array([f"p{int(g)}" for g in groups], dtype=object)
+    token_rewards = -beta * (old - ref) * mask
+    token_rewards[torch.arange(len(reward)), mask.sum(-1).long() - 1] += reward
+    adv, _ = get_adv_estimator_fn("tb_pg")(token_level_rewards=token_rewards, response_mask=mask, index=uids,
+                                           config=OmegaConf.create({"kl_ctrl": {"kl_coef": beta, "type": "fixed"}}))
+    theta = old.clone().requires_grad_()
+    config = ActorConfig()
+    config.global_batch_info.update(global_batch_size=len(reward), batch_num_tokens=int(mask.sum()))
+    theirs, their_metrics = get_policy_loss_fn("tb_pg")(
+        old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(), loss_agg_mode=config.loss_agg_mode,
+        config=config, rollout_is_weights=torch.exp(old - rollout) * mask)  # verl's token IS weight pi_old/pi_rollout
+    ours, our_metrics = fused_loss(theta, batch, beta, "tb_pg", [list(range(len(groups)))])
+    (g_ours,) = torch.autograd.grad(ours, theta)
+    (g_theirs,) = torch.autograd.grad(theirs, theta)
+    assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(g_ours, g_theirs, rtol=1e-5, atol=1e-6)
+    clipfrac = our_metrics[0]["tb_pg/is_ratio_clipfrac"].values[0]
+    assert clipfrac == pytest.approx(their_metrics["tb_pg/is_ratio_clipfrac"])
+
+
+def test_a_group_split_across_micro_batches_is_refused():
+    batch = group_batch(2, 4, 5, seed=1, shuffle=False)
+    theta = batch[0].clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="split across micro-batches"):
+        fused_loss(theta, batch, 0.1, "tb", [[0, 1, 2, 3, 4, 5], [6, 7]])
+
+
+def plan_config(**actor):
+    cfg = {
+        "algorithm": {"adv_estimator": "tb"},
+        "data": {"train_batch_size": 16, "max_prompt_length": 32, "max_response_length": 8},
+        "actor_rollout_ref": {"rollout": {"n": 4},
+                              "actor": {"strategy": "fsdp2", "ppo_mini_batch_size": 8,
+                                        "ppo_micro_batch_size_per_gpu": 16, **actor}},
+        "trainer": {"n_gpus_per_node": 2, "nnodes": 1, "v1": {"trainer_mode": "tba_sync"}},
+    }
+    return cfg
+
+
+def test_fused_update_plan_refuses_what_cannot_keep_groups_whole_naming_the_key():
+    assert fused_update_plan(plan_config(), TBASettings()) == (True, "fused")
+    assert not fused_update_plan(plan_config(), TBASettings(fused_update=False))[0]
+    fused_on, why = fused_update_plan(plan_config(strategy="megatron"), TBASettings())
+    assert not fused_on and "Megatron" in why
+    refusals = {
+        "actor.shuffle": dict(shuffle=True),
+        "ppo_micro_batch_size_per_gpu=6": dict(ppo_micro_batch_size_per_gpu=6),
+        "ppo_max_token_len_per_gpu=100": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=100),
+        "ppo_mini_batch_size=3": dict(ppo_mini_batch_size=3),
+    }
+    for key, actor in refusals.items():
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            fused_update_plan(plan_config(**actor), TBASettings())
+    assert fused_update_plan(plan_config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=160), TBASettings())[0]
