@@ -1,8 +1,11 @@
 """What the verl-launching benchmarks share: their command line and a prepared run folder (arith task)."""
 
 import argparse
+import datetime
 import os
+import platform
 import re
+import subprocess
 
 import psutil
 
@@ -58,3 +61,22 @@ def same_process_kind(kind: str, before: str | None) -> str:
     if before and (kind in GENERIC_KINDS or before not in GENERIC_KINDS):
         return before
     return kind
+
+
+def provenance() -> dict:
+    """Where and how a result was made: commit, versions, machine, date and the load seen when it started."""
+    import importlib.metadata as md
+
+    def version(dist):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True).stdout.strip())
+    return {"commit": commit, "dirty": dirty, "tba_ext": version("tba-ext"), "verl": version("verl"),
+            "torch": version("torch"), "python": platform.python_version(), "cores": os.cpu_count(),
+            "machine": platform.machine(), "load_avg_1m_at_start": os.getloadavg()[0],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

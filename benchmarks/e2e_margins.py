@@ -8,38 +8,19 @@ edge. Writes the per-check worst ratio over the repeats, every repeat's pass/fai
 
 import argparse
 import collections
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
+from common import provenance
+
 # the e2e tests with a numerical or statistical assertion
 DEFAULT_SELECTION = ("test_two_data_parallel_ranks or test_dr_grpo_trains or kill_9 or tb_pg_weights_stale "
                      "or reference_reset_in_its_own or free_running_searchers or quickstart_short "
                      "or tldr_trains_through_verl")
-
-
-def provenance() -> dict:
-    """Where and how a result was made: commit, versions, machine, date and the load seen when it started."""
-    import importlib.metadata as md
-
-    def version(dist):
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            return None
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True).stdout.strip())
-    return {"commit": commit, "dirty": dirty, "tba_ext": version("tba-ext"), "verl": version("verl"),
-            "torch": version("torch"), "python": platform.python_version(), "cores": os.cpu_count(),
-            "machine": platform.machine(), "load_avg_1m_at_start": os.getloadavg()[0],
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def main() -> int:

@@ -6,8 +6,9 @@ prompts give the same responses whatever the trainer layout. One update with pla
 sign-like and would hide small gradient differences; clipping would hide a wrong scale): the 2-rank parameters
 must equal the 1-rank ones.
 
-Two prompts x 3 responses per update: three rows per rank, groups split across ranks, so the loss is only right if
-its normalisation spans the ranks (verl's ``global_batch_info``). verl's no-op padding rows cannot occur here:
+Two prompts x 3 responses per update, one micro-batch per group: the fused update gives each rank one whole
+group, so the loss is only right if its normalisation spans the ranks (verl's ``global_batch_info``) and log Z
+comes from the group's own rows. verl's no-op padding rows cannot occur here:
 its config check makes the batch a multiple of the rank count and the TBA sampler always serves whole batches
 (padding rows are covered by tests/test_tb_math.py).
 """
@@ -36,8 +37,8 @@ GRADIENT_ORDER_REL = 1e-4
 THETA_ULPS = 4
 
 
-def one_update(tiny_run, run_dir, ranks: int, algo: str):
-    overrides = [
+def one_update(tiny_run, run_dir, ranks: int, algo: str, fused: bool = True):
+    overrides = [f"tba.fused_update={fused}",
         f"run_dir={tiny_run}", f"algo={algo}",
         "trainer.total_training_steps=1", f"trainer.n_gpus_per_node={ranks}",
         f"ray_kwargs.ray_init.num_gpus={ranks + 1}",
@@ -65,16 +66,21 @@ def one_update(tiny_run, run_dir, ranks: int, algo: str):
 @pytest.mark.parametrize("algo", ["tb", "tb_pg"])
 def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path, algo, margin):
     start = load_file(str(tiny_run / "model" / "model.safetensors"))
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
+    for name in ("one", "two", "three_call"):
+        (tmp_path / name).mkdir()
     one, metrics_one = one_update(tiny_run, tmp_path / "one", 1, algo)
     two, metrics_two = one_update(tiny_run, tmp_path / "two", 2, algo)
+    # verl's three-call pipeline (old log-probs, driver advantage, update) makes the same first update: at
+    # theta = old the fused loss has its value and gradient
+    three, metrics_three = one_update(tiny_run, tmp_path / "three_call", 1, algo, fused=False)
+    # verl's old-log-prob pass reports the entropy; the fused update makes no such pass
+    assert "actor/entropy" in metrics_three and "actor/entropy" not in metrics_one
 
     # the same data reached both: same rewards, same sequence lengths (padding rows are not counted)
     assert metrics_two["critic/score/mean"] == pytest.approx(metrics_one["critic/score/mean"])
     assert metrics_two["response_length/mean"] == pytest.approx(metrics_one["response_length/mean"])
     # the gradient norm, like the step, differs only by the order of its float32 sums
-    margin("grad_norm rel gap", metrics_two["actor/grad_norm"] / metrics_one["actor/grad_norm"] - 1,
+    margin("grad_norm rel gap", abs(metrics_two["actor/grad_norm"] / metrics_one["actor/grad_norm"] - 1),
            GRADIENT_ORDER_REL)
     names = sorted(set(start) & set(one) & set(two))
     step = max((one[n].float() - start[n].float()).abs().max().item() for n in names)
@@ -89,6 +95,10 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
           f"allowed {worst:.3g} ({where}), grad norm {metrics_one['actor/grad_norm']:.6g} vs "
           f"{metrics_two['actor/grad_norm']:.6g}")
     margin("2-rank gap / float32 bound, worst element", worst, 1.0)
+    margin("three-call vs fused grad_norm rel gap", abs(metrics_three["actor/grad_norm"] / metrics_one["actor/grad_norm"]
+                                                        - 1), GRADIENT_ORDER_REL)
+    worst_three = max(((three[n] - one[n]).abs() / allowed_gap(one[n], step)).max().item() for n in names)
+    margin("three-call vs fused gap / float32 bound, worst element", worst_three, 1.0)
 
 
 def allowed_gap(theta: torch.Tensor, step: float) -> torch.Tensor:

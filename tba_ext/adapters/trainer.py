@@ -149,7 +149,33 @@ class TBATrainerMixin:
     def on_init_end(self):
         if self.fused:  # the actor workers' loss becomes the fused TB loss (same actor config)
             ray.get([w.__ray_call__.remote(fused.install_fused_loss) for w in self.actor_rollout_wg.workers])
+        self._count_trainer_calls()
         super().on_init_end()
+
+    # -- what the trainer's workers compute per update: calls and forward units (a forward 1, fwd+bwd 3) ------
+    TRAINER_CALLS = {"compute_log_prob": 1, "compute_ref_log_prob": 1, "update_actor": 3}
+
+    def _count_trainer_calls(self):
+        self._calls = {"calls": 0, "units": 0}
+        groups = {id(wg): wg for wg in (self.actor_rollout_wg, getattr(self, "ref_policy_wg", None)) if wg}
+        for wg in groups.values():
+            for name, unit in self.TRAINER_CALLS.items():
+                if hasattr(wg, name):
+                    setattr(wg, name, self._counted(getattr(wg, name), unit))
+
+    def _counted(self, method, unit: int):
+        @functools.wraps(method)
+        def counted(batch, *args, **kwargs):
+            epochs = int(batch.extra_info.get("epochs", 1)) if unit == 3 else 1
+            self._calls["calls"] += 1
+            self._calls["units"] += unit * epochs * len(batch)
+            return method(batch, *args, **kwargs)
+        return counted
+
+    def _trainer_call_metrics(self, trained_rows: int) -> dict:
+        calls, self._calls = self._calls, {"calls": 0, "units": 0}
+        return {"tba/trainer_calls_per_update": calls["calls"] / self.updates_per_step,
+                "tba/trainer_forward_units_per_trajectory": calls["units"] / max(trained_rows, 1)}
 
     def on_sample_begin(self):
         if self.replay_settings is not None:  # which of the step's k samples is served next: its staleness
@@ -321,6 +347,7 @@ class TBATrainerMixin:
         metrics["tba/data_wait_s_per_update"] = float(timing_raw.get("gen", 0.0)) / self.updates_per_step
         metrics["tba/weight_sync_s"] = float(timing_raw.get("update_weights", 0.0))
         metrics["tba/trajectories_consumed_per_s"] = len(batch.keys) / step_s
+        metrics.update(self._trainer_call_metrics(len(batch.keys)))
         stats = self._searcher_stats()
         metrics["tba/searchers_alive"] = sum(s is not None for s in stats)
         previous, self._last_searcher_stats = getattr(self, "_last_searcher_stats", None), (now, stats)

@@ -326,12 +326,13 @@ def fused_update_plan(cfg: Mapping[str, Any], settings: TBASettings) -> tuple[bo
 
 def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings | None]:
     """Every start-up check of a run (full verl config as nested dicts): the ``tba:`` node, the TB estimator,
-    the replay sampler, reference updates and free-running searchers. Returns the parsed settings."""
+    the replay sampler, reference updates, free-running searchers and the fused update. Returns the parsed settings."""
     settings = parse_settings(cfg.get("tba"))
     check_tb_run(cfg)
     replay = check_replay_run(cfg)
     check_reference_updates(cfg, settings)
     check_searcher_queue(cfg, settings)
+    fused_update_plan(cfg, settings)
     return settings, replay
 
 

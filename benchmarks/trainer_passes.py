@@ -1,0 +1,131 @@
+"""What the trainer computes per optimizer update: the fused TB update against verl's three-call path and Dr. GRPO.
+
+    python benchmarks/trainer_passes.py [--steps 21] [--repeats 3] [--size small]
+
+Every configuration trains the same model on the same data in tba_sync (one optimizer update per global step,
+8 prompts x K = 4); the first step is not measured. Per update, from tba-ext's counters and verl's timers:
+- trainer_calls_per_update: calls to the trainer's worker groups (compute_log_prob, compute_ref_log_prob,
+  update_actor); the reference's own worker group counts;
+- forward_units_per_trajectory: 1 per forward pass, 3 per forward + backward, per trained trajectory;
+- trainer_s: the trainer's path, verl's timers old_log_prob + ref + adv + update_actor (not generation or the
+  weight sync).
+Configurations: tb and tb_pg fused (the default), tb and tb_pg three-call (``tba.fused_update=false``) and
+Dr. GRPO (verl's own estimator and loss, through tba_sync for the counters: its pipeline is verl's). The
+repeats run the configurations in turn (rotated), so load drifts reach all alike. Figures: median over the
+repeats of each run's median step, with the min-max spread; ratios of medians from this one run.
+"""
+
+import json
+import os
+import statistics
+
+from tba_ext.tools import report
+from tba_ext.tools.launch import run_verl
+
+from common import parse_args, prepare_run, provenance
+
+STAGES = ("old_log_prob", "ref", "adv", "update_actor")
+CONFIGS = {
+    "tb_fused": ("cpu_tb", []),
+    "tb_three_call": ("cpu_tb", ["tba.fused_update=false"]),
+    "tb_pg_fused": ("cpu_tb_pg", []),
+    "tb_pg_three_call": ("cpu_tb_pg", ["tba.fused_update=false"]),
+    "drgrpo": ("cpu_drgrpo", ["trainer.v1.trainer_mode=tba_sync"]),
+}
+
+
+def extra_args(parser):
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--size", default="small")
+
+
+def one_run(run_dir, name, config, overrides, steps, repeat):
+    path = f"{run_dir}/{name}_{repeat}.jsonl"
+    if os.path.exists(path):
+        os.unlink(path)
+    run_verl(config, [f"run_dir={run_dir}", f"trainer.total_training_steps={steps}",
+                      f"trainer.default_local_dir={run_dir}/ckpt_{name}_{repeat}", *overrides],
+             log_path=f"{run_dir}/{name}_{repeat}.log", metrics_path=path)
+    measured = [r["data"] for r in report.read_metrics(path)][1:]  # step 1: start-up, first weight sync
+    stage_s = {s: statistics.median(d.get(f"timing_s/{s}", 0.0) for d in measured) for s in STAGES}
+    return {"trainer_s": statistics.median(sum(d.get(f"timing_s/{s}", 0.0) for s in STAGES) for d in measured),
+            "stage_s": stage_s,
+            "trainer_calls_per_update": statistics.median(d["tba/trainer_calls_per_update"] for d in measured),
+            "forward_units_per_trajectory": statistics.median(d["tba/trainer_forward_units_per_trajectory"]
+                                                              for d in measured),
+            "updates": len(measured), "reward_last": measured[-1].get("critic/score/mean")}
+
+
+def spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main():
+    args = parse_args("trainer_passes", steps=21, extra=extra_args)
+    run_dir = prepare_run(args.run_dir, train_size=512, size=args.size)
+    meta = provenance()
+    runs = {name: [] for name in CONFIGS}
+    names = list(CONFIGS)
+    for repeat in range(args.repeats):
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            config, overrides = CONFIGS[name]
+            runs[name].append(one_run(run_dir, name, config, overrides, args.steps, repeat))
+            r = runs[name][-1]
+            print(f"repeat {repeat + 1}/{args.repeats} {name}: trainer {r['trainer_s']:.3f} s/update, "
+                  f"{r['trainer_calls_per_update']:g} calls, {r['forward_units_per_trajectory']:g} units", flush=True)
+    summary = {name: {"trainer_s": spread([r["trainer_s"] for r in rs]),
+                      "stage_s": {s: statistics.median(r["stage_s"][s] for r in rs) for s in STAGES},
+                      "trainer_calls_per_update": statistics.median(r["trainer_calls_per_update"] for r in rs),
+                      "forward_units_per_trajectory": statistics.median(r["forward_units_per_trajectory"] for r in rs)}
+               for name, rs in runs.items()}
+
+    def ratio(a, b):
+        return summary[a]["trainer_s"]["median"] / summary[b]["trainer_s"]["median"]
+
+    result = {
+        "how": f"benchmarks/trainer_passes.py: {args.repeats} repeats x {len(CONFIGS)} configurations, "
+               f"{args.size} model, {args.steps} global steps of 1 update (first not measured), tba_sync, arith task",
+        "provenance": meta,
+        "worker_calls_per_update": {"tb": summary["tb_fused"]["trainer_calls_per_update"],
+                                    "tb_pg": summary["tb_pg_fused"]["trainer_calls_per_update"]},
+        "trainer_s_vs_three_call": {"tb": ratio("tb_fused", "tb_three_call"),
+                                    "tb_pg": ratio("tb_pg_fused", "tb_pg_three_call")},
+        "trainer_s_vs_drgrpo": {"tb": ratio("tb_fused", "drgrpo"), "tb_pg": ratio("tb_pg_fused", "drgrpo")},
+        "goals": {"worker_calls_per_update": 1, "trainer_s_vs_three_call": 0.65, "trainer_s_vs_drgrpo": 0.8},
+        "configurations": summary, "runs": runs,
+    }
+    report.write_json(result, args.out)
+    print(f"\n{'configuration':<18} {'trainer s/update':>22} {'calls':>6} {'units':>6}")
+    for name, s in summary.items():
+        t = s["trainer_s"]
+        print(f"{name:<18} {t['median']:9.3f} [{t['min']:.3f}, {t['max']:.3f}] {s['trainer_calls_per_update']:6g} "
+              f"{s['forward_units_per_trajectory']:6g}")
+    print(f"fused / three-call: tb {result['trainer_s_vs_three_call']['tb']:.2f}, tb_pg "
+          f"{result['trainer_s_vs_three_call']['tb_pg']:.2f}; fused / Dr. GRPO: tb {result['trainer_s_vs_drgrpo']['tb']:.2f}"
+          f", tb_pg {result['trainer_s_vs_drgrpo']['tb_pg']:.2f}")
+    plot(summary, args.out.replace(".json", ".png"))
+    print(f"wrote {args.out}")
+
+
+def plot(summary, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    names = list(summary)
+    bottom = [0.0] * len(names)
+    for stage in STAGES:
+        values = [summary[n]["stage_s"][stage] for n in names]
+        ax.bar(names, values, bottom=bottom, label=stage)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("trainer s per update (median stages)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

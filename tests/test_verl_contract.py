@@ -1,0 +1,88 @@
+"""Every private verl symbol tba-ext relies on, by name and signature: a verl upgrade that moves one fails here,
+naming it, in seconds, instead of deep inside a Ray worker.
+
+The list is what tba_ext/adapters and tba_ext/cpu override, call or read; public registries (register_*,
+get_*_fn) are exercised by the plugin tests.
+"""
+
+import inspect
+
+import pytest
+
+import verl  # noqa: F401
+from verl.trainer.ppo.v1 import trainer_base, trainer_separate_async
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+from verl.workers import engine_workers
+from verl.workers.engine import utils as engine_utils
+from verl.workers.utils import losses as verl_losses
+
+PPOTrainer = trainer_base.PPOTrainer
+SeparateAsync = trainer_separate_async.PPOTrainerSeparateAsync
+
+# (owner, attribute, the parameter names tba-ext passes or receives, in order; None: only that it exists)
+METHODS = [
+    (PPOTrainer, "step", ["self", "metrics", "timing_raw"]),
+    (PPOTrainer, "_step_once", ["self", "metrics", "timing_raw", "sample_batch_size"]),
+    (PPOTrainer, "_balance_batch", ["self", "batch", "metrics", "logging_prefix", "keep_minibatch"]),
+    (PPOTrainer, "_compute_old_log_prob", ["self", "batch", "metrics"]),
+    (PPOTrainer, "_compute_ref_log_prob", ["self", "batch", "metrics"]),
+    (PPOTrainer, "_compute_advantage", ["self", "batch", "metrics"]),
+    (PPOTrainer, "_update_actor", ["self", "batch", "metrics"]),
+    (PPOTrainer, "_compute_metrics", ["self", "batch", "metrics", "timing_raw", "global_steps", "epoch"]),
+    (PPOTrainer, "_save_checkpoint", ["self"]),
+    (PPOTrainer, "_load_checkpoint", ["self"]),
+    (PPOTrainer, "_fetch_one_gen_batch", ["self"]),
+    (PPOTrainer, "on_init_end", ["self"]),
+    (PPOTrainer, "on_step_begin", ["self"]),
+    (PPOTrainer, "on_sample_begin", ["self"]),
+    (SeparateAsync, "_add_batch_to_generate", ["self"]),
+    (SeparateAsync, "_add_prompts_to_generate", ["self", "num_prompts"]),
+    (SeparateAsync, "on_step_end", ["self"]),
+    (SeparateAsync, "_rollout_server_managers", None),
+    (ReplayBufferAsync, "sample", ["self", "global_steps", "partition_id", "batch_size"]),
+    (ReplayBufferAsync, "_sync_metadata_from_transfer_queue", None),
+    (ReplayBufferAsync, "_select_prompt_uids", None),
+    (engine_workers.TrainingWorker, "set_loss_fn", ["self", "loss_fn"]),
+    (engine_workers.ActorRolloutRefWorker, "compute_log_prob", ["self", "data"]),
+    (engine_workers.ActorRolloutRefWorker, "compute_ref_log_prob", ["self", "data"]),
+    (engine_workers.ActorRolloutRefWorker, "update_actor", ["self", "data"]),
+    (verl_losses, "ppo_loss", ["config", "model_output", "data", "dp_group"]),
+]
+
+
+def unwrapped(obj):
+    while hasattr(obj, "__wrapped__"):
+        obj = obj.__wrapped__
+    return obj
+
+
+@pytest.mark.parametrize("owner,name,params", METHODS, ids=[f"{getattr(o, '__name__', o)}.{n}" for o, n, _ in METHODS])
+def test_verl_symbol_has_the_signature_tba_ext_uses(owner, name, params):
+    assert hasattr(owner, name), f"verl no longer has {owner.__name__}.{name}"
+    if params is not None:
+        signature = inspect.signature(unwrapped(getattr(owner, name)))
+        assert list(signature.parameters)[:len(params)] == params, f"{owner.__name__}.{name}{signature}"
+
+
+def test_the_fused_update_relies_on_verls_micro_batching_and_loss_plumbing():
+    # force_group_size keeps consecutive rows together (static and dynamic micro-batching)
+    assert "force_group_size" in inspect.getsource(engine_utils.prepare_micro_batches)
+    # the actor worker's loss is partial(ppo_loss, config=actor config): the fused loss takes the same config
+    source = inspect.getsource(engine_workers.ActorRolloutRefWorker.init_model)
+    assert "self.loss_fn = partial(ppo_loss, config=actor_config)" in source
+    assert "self.actor.set_loss_fn(self.loss_fn)" in source
+    # the global-batch normalisation the fused loss sets as ppo_loss does
+    ppo_loss = inspect.getsource(verl_losses.ppo_loss)
+    for key in ("dp_size", "batch_num_tokens", "global_batch_size"):
+        assert f'config.global_batch_info["{key}"] = data["{key}"]' in ppo_loss, key
+
+def test_verl_attributes_tba_ext_reads_are_still_set():
+    init = inspect.getsource(PPOTrainer.__init__) + inspect.getsource(PPOTrainer)
+    for attribute in ("self.parameter_sync_step", "self.replay_buffer", "self.actor_rollout_wg", "self.ref_policy_wg",
+                      "self.use_reference_policy", "self.local_trigger_step", "self.global_steps"):
+        assert attribute in init, attribute
+    assert "self.standalone_checkpoint_manager" in inspect.getsource(SeparateAsync)
+    assert "logger" in vars(trainer_separate_async)  # tba-ext wraps it (verl logs with flush=True)
+    for attribute in ("self.pending_keys", "self.running_keys", "self.partitions"):
+        assert attribute in inspect.getsource(ReplayBufferAsync.__mro__[1]) + inspect.getsource(ReplayBufferAsync), \
+            attribute
