@@ -161,15 +161,18 @@ class TBATrainerMixin:
         for wg in groups.values():
             for name, unit in self.TRAINER_CALLS.items():
                 if hasattr(wg, name):
-                    setattr(wg, name, self._counted(getattr(wg, name), unit))
+                    setattr(wg, name, self._counted(name, getattr(wg, name), unit))
 
-    def _counted(self, method, unit: int):
+    def _counted(self, name: str, method, unit: int):
         @functools.wraps(method)
         def counted(batch, *args, **kwargs):
             epochs = int(batch.extra_info.get("epochs", 1)) if unit == 3 else 1
             self._calls["calls"] += 1
             self._calls["units"] += unit * epochs * len(batch)
-            return method(batch, *args, **kwargs)
+            output = method(batch, *args, **kwargs)
+            if name == "update_actor":  # per-mini-batch metrics, before verl averages them
+                self._last_actor_metrics = dict(output["metrics"])
+            return output
         return counted
 
     def _trainer_call_metrics(self, trained_rows: int) -> dict:
@@ -274,8 +277,11 @@ class TBATrainerMixin:
         for key in fused.BATCH_METRICS:  # the names verl's three-call pipeline reports them under
             if "actor/" + key in metrics:
                 metrics[key] = metrics.pop("actor/" + key)
-        if "tb/kl" in metrics and getattr(self, "local_trigger_step", 0) == 0:  # the step's first update
-            metrics["tb/kl_step_start"] = metrics["tb/kl"]
+        first_mini_batch = getattr(self, "_last_actor_metrics", {}).get("tb/kl")
+        if first_mini_batch is not None and getattr(self, "local_trigger_step", 0) == 0:  # the step's first update
+            while isinstance(first_mini_batch, list | tuple):  # one value per mini-batch (and epoch), in order
+                first_mini_batch = first_mini_batch[0]
+            metrics["tb/kl_step_start"] = float(first_mini_batch)
         return batch
 
     def _compute_advantage(self, batch, metrics: dict):
