@@ -3,6 +3,9 @@
 
 Each runs verl's own ``sync`` / ``colocate_async`` / ``separate_async`` trainer and adds the per-step work of TBA:
 - start-up checks of the TB settings (``tba_ext.core.settings``), failing before any worker starts;
+- the fused TB update (``tba_ext.adapters.fused``): whole prompt groups per data-parallel rank, no old-log-prob
+  pass, the group index handed to the loss; verl's three-call path where it cannot run (Megatron);
+- counts of the trainer's worker calls and forward units per update;
 - the beta schedule, written into verl's KL coefficient, which the tb estimators also read as beta;
 - TB metrics in verl's stream (tb/beta, tb/log_z, tb/kl, tb/zero_reward_variance_frac, ...);
 - the reference-policy update every ``tba.ref_reset_every`` updates (TBA' reset, or an EMA with ``tba.ref_ema``),
