@@ -1,4 +1,4 @@
-"""The fused TB / TBA' update: one actor call per optimizer update, as the paper's trainer does.
+"""The fused TB / TBA' update: the loss from one forward + backward per micro-batch, as the paper's trainer does.
 
 verl's pipeline computes old log-probs (a forward pass), reference log-probs (another), the advantage on the
 driver, then the update (forward + backward). TB needs neither the old log-probs nor a driver-side advantage:
@@ -85,7 +85,7 @@ def fused_tb_loss(config, model_output, data, dp_group=None):
         n_tokens = mask.sum().clamp(min=1.0)
         metrics.update({
             "tb/log_z": (tb.group_mean(reward - beta * (policy.detach() - ref), groups) / beta).mean().item(),
-            "tb/mean_abs_advantage": (advantage.abs() / beta).mean().item(),
+            "tb/mean_abs_advantage": advantage.abs().mean().item(),  # in reward units, as tb_pg's estimator
             "tb_pg/is_ratio_clipfrac": (((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / n_tokens).item(),
             "tb_pg/ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
             "tb_pg/ratio_max": (ratio * mask).max().item(),

@@ -32,12 +32,12 @@ from omegaconf import OmegaConf, open_dict
 from tensordict import NonTensorStack, TensorDict
 
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
-from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions, log_seqlen_unbalance
-from verl.workers.utils.padding import response_to_nested
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.ray_utils import auto_await
+from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions, log_seqlen_unbalance
+from verl.workers.utils.padding import response_to_nested
 
 from tba_ext.adapters import fused, losses
 from tba_ext.core import tb
@@ -135,8 +135,8 @@ class TBATrainerMixin:
         self.updates_per_step = updates_per_step(plain)
         self.fused, why = fused_update_plan(plain, self.tba)
         if plain["algorithm"].get("adv_estimator") in losses.ESTIMATOR_NAMES:
-            print("tba-ext: " + ("fused TB update: one actor call per optimizer update, log Z from its forward"
-                                 if self.fused else f"three-call TB update ({why})"), flush=True)
+            print("tba-ext: " + ("fused TB update: one forward + backward per micro-batch, log Z from it, no "
+                                 "old-log-prob pass" if self.fused else f"three-call TB update ({why})"), flush=True)
         # verl branches on trainer_mode == "sync" etc.; run as the base mode we extend
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.base_mode
