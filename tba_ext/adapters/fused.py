@@ -73,19 +73,18 @@ def fused_tb_loss(config, model_output, data, dp_group=None):
         # spread each trajectory's loss over its tokens so seq-mean-token-sum sums it back exactly
         loss_mat = per_seq.unsqueeze(-1) * mask / tokens.unsqueeze(-1)
         loss = agg_loss(loss_mat, mask, "seq-mean-token-sum", **batch_info) * loss_scale
+        # |A| = |log Z + delta| in 1/beta units, as the tb estimator reports it
         metrics.update({"tb/residual_var": per_seq.detach().mean().item(), "tb/log_z": log_z.mean().item(),
-                        "tb/mean_abs_advantage": ((policy.detach() - ref - reward / beta + log_z).abs().mean()
-                                                  .item())})
+                        "tb/mean_abs_advantage": per_seq.detach().sqrt().mean().item()})
     elif mode == "tb_pg":
-        advantage = tb.tb_pg_advantage(policy, ref, reward, groups, beta)
+        advantage, stats = tb.tb_pg_advantage(policy, ref, reward, groups, beta)
         is_ratio_max = float(getattr(config.policy_loss, "is_ratio_max", IS_RATIO_MAX))
         ratio = torch.exp(log_prob - padded["rollout_log_probs"].to(log_prob.dtype)).detach()
         loss_mat = tb.tb_pg_loss_matrix(log_prob, advantage.unsqueeze(-1) * mask, ratio, is_ratio_max)
         loss = agg_loss(loss_mat, mask, config.loss_agg_mode, **batch_info) * loss_scale
         n_tokens = mask.sum().clamp(min=1.0)
         metrics.update({
-            "tb/log_z": (tb.group_mean(reward - beta * (policy.detach() - ref), groups) / beta).mean().item(),
-            "tb/mean_abs_advantage": advantage.abs().mean().item(),  # in reward units, as tb_pg's estimator
+            **{f"tb/{name}": value for name, value in stats.items()},  # log_z; mean_abs_advantage in reward units
             "tb_pg/is_ratio_clipfrac": (((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / n_tokens).item(),
             "tb_pg/ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
             "tb_pg/ratio_max": (ratio * mask).max().item(),

@@ -84,14 +84,16 @@ def vargrad_tb_loss(policy_seq_logprob: torch.Tensor, ref_seq_logprob: torch.Ten
 
 
 def tb_pg_advantage(policy_seq_logprob: torch.Tensor, ref_seq_logprob: torch.Tensor, reward: torch.Tensor,
-                    groups: torch.Tensor, beta: float) -> torch.Tensor:
-    """TBA' advantage from one forward pass: (r - r_bar) - beta (kl - kl_bar), kl = sg(l_theta) - l_ref, shape (B,).
+                    groups: torch.Tensor, beta: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """TBA' advantage from one forward pass: (r - r_bar) - beta (kl - kl_bar), kl = sg(l_theta) - l_ref, shape (B,),
+    with ``tb_advantage``'s statistics.
 
     beta times the TB advantage at the policy being trained; it is minus beta times the centred delta of eq. 5,
     so its policy gradient is eq. 5's gradient (App. A). Detached: it weights the gradient.
     """
     score = reward - beta * (policy_seq_logprob.detach() - ref_seq_logprob)
-    return (score - group_mean(score, groups)).detach()
+    advantage, stats = tb_advantage(score.detach(), groups, beta, pg_units=True)
+    return advantage, stats
 
 
 def rollout_ratio(token_logprob: torch.Tensor, old_token_logprob: torch.Tensor,
