@@ -9,13 +9,15 @@ Every configuration trains the same model on the same data in tba_sync (one opti
 - forward_units_per_trajectory: 1 per forward pass, 3 per forward + backward, per trained trajectory;
 - trainer_s: the trainer's path, verl's timers old_log_prob + ref + adv + update_actor (not generation or the
   weight sync).
-Configurations: tb and tb_pg fused (the default), tb and tb_pg three-call (``tba.fused_update=false``) and
-Dr. GRPO (verl's own estimator and loss, through tba_sync for the counters: its pipeline is verl's). The
+Configurations: tb and tb_pg fused with the searcher's reference log-probs (the rollout server scores each sample
+with its copy of the initial model, as TBA's searchers do: no reference pass on the trainer), tb and tb_pg fused
+(the default: the trainer's reference pass on rows the replay store holds none for), tb and tb_pg three-call
+(``tba.fused_update=false``) and Dr. GRPO (verl's own estimator and loss, through tba_sync for the counters: its
+pipeline is verl's). The
 repeats run the configurations in turn (rotated), so load drifts reach all alike. Figures: median over the
 repeats of each run's median step, with the min-max spread; ratios of medians from this one run.
 """
 
-import json
 import os
 import statistics
 
@@ -25,7 +27,10 @@ from tba_ext.tools.launch import run_verl
 from common import parse_args, prepare_run, provenance
 
 STAGES = ("old_log_prob", "ref", "adv", "update_actor")
+SEARCHER_REFERENCE = "+actor_rollout_ref.rollout.custom.reference_logprobs=true"
 CONFIGS = {
+    "tb_fused_searcher_ref": ("cpu_tb", [SEARCHER_REFERENCE]),
+    "tb_pg_fused_searcher_ref": ("cpu_tb_pg", [SEARCHER_REFERENCE]),
     "tb_fused": ("cpu_tb", []),
     "tb_three_call": ("cpu_tb", ["tba.fused_update=false"]),
     "tb_pg_fused": ("cpu_tb_pg", []),
@@ -50,6 +55,8 @@ def one_run(run_dir, name, config, overrides, steps, repeat):
     stage_s = {s: statistics.median(d.get(f"timing_s/{s}", 0.0) for d in measured) for s in STAGES}
     return {"trainer_s": statistics.median(sum(d.get(f"timing_s/{s}", 0.0) for s in STAGES) for d in measured),
             "stage_s": stage_s,
+            # generation (verl's gen timer): where the searcher's reference forward is paid instead
+            "gen_s": statistics.median(d.get("timing_s/gen", 0.0) for d in measured),
             "trainer_calls_per_update": statistics.median(d["tba/trainer_calls_per_update"] for d in measured),
             "forward_units_per_trajectory": statistics.median(d["tba/trainer_forward_units_per_trajectory"]
                                                               for d in measured),
@@ -75,6 +82,7 @@ def main():
                   f"{r['trainer_calls_per_update']:g} calls, {r['forward_units_per_trajectory']:g} units", flush=True)
     summary = {name: {"trainer_s": spread([r["trainer_s"] for r in rs]),
                       "stage_s": {s: statistics.median(r["stage_s"][s] for r in rs) for s in STAGES},
+                      "gen_s": spread([r["gen_s"] for r in rs]),
                       "trainer_calls_per_update": statistics.median(r["trainer_calls_per_update"] for r in rs),
                       "forward_units_per_trajectory": statistics.median(r["forward_units_per_trajectory"] for r in rs)}
                for name, rs in runs.items()}
@@ -86,20 +94,27 @@ def main():
         "how": f"benchmarks/trainer_passes.py: {args.repeats} repeats x {len(CONFIGS)} configurations, "
                f"{args.size} model, {args.steps} global steps of 1 update (first not measured), tba_sync, arith task",
         "provenance": meta,
-        "worker_calls_per_update": {"tb": summary["tb_fused"]["trainer_calls_per_update"],
-                                    "tb_pg": summary["tb_pg_fused"]["trainer_calls_per_update"]},
-        "trainer_s_vs_three_call": {"tb": ratio("tb_fused", "tb_three_call"),
-                                    "tb_pg": ratio("tb_pg_fused", "tb_pg_three_call")},
-        "trainer_s_vs_drgrpo": {"tb": ratio("tb_fused", "drgrpo"), "tb_pg": ratio("tb_pg_fused", "drgrpo")},
+        "worker_calls_per_update": {"tb": summary["tb_fused_searcher_ref"]["trainer_calls_per_update"],
+                                    "tb_pg": summary["tb_pg_fused_searcher_ref"]["trainer_calls_per_update"],
+                                    "tb_trainer_reference": summary["tb_fused"]["trainer_calls_per_update"],
+                                    "tb_pg_trainer_reference": summary["tb_pg_fused"]["trainer_calls_per_update"]},
+        "trainer_s_vs_three_call": {"tb": ratio("tb_fused_searcher_ref", "tb_three_call"),
+                                    "tb_pg": ratio("tb_pg_fused_searcher_ref", "tb_pg_three_call"),
+                                    "tb_trainer_reference": ratio("tb_fused", "tb_three_call"),
+                                    "tb_pg_trainer_reference": ratio("tb_pg_fused", "tb_pg_three_call")},
+        "trainer_s_vs_drgrpo": {"tb": ratio("tb_fused_searcher_ref", "drgrpo"),
+                                "tb_pg": ratio("tb_pg_fused_searcher_ref", "drgrpo"),
+                                "tb_trainer_reference": ratio("tb_fused", "drgrpo"),
+                                "tb_pg_trainer_reference": ratio("tb_pg_fused", "drgrpo")},
         "goals": {"worker_calls_per_update": 1, "trainer_s_vs_three_call": 0.65, "trainer_s_vs_drgrpo": 0.8},
         "configurations": summary, "runs": runs,
     }
     report.write_json(result, args.out)
-    print(f"\n{'configuration':<18} {'trainer s/update':>22} {'calls':>6} {'units':>6}")
+    print(f"\n{'configuration':<26} {'trainer s/update':>22} {'calls':>6} {'units':>6} {'gen s':>7}")
     for name, s in summary.items():
         t = s["trainer_s"]
-        print(f"{name:<18} {t['median']:9.3f} [{t['min']:.3f}, {t['max']:.3f}] {s['trainer_calls_per_update']:6g} "
-              f"{s['forward_units_per_trajectory']:6g}")
+        print(f"{name:<26} {t['median']:9.3f} [{t['min']:.3f}, {t['max']:.3f}] {s['trainer_calls_per_update']:6g} "
+              f"{s['forward_units_per_trajectory']:6g} {s['gen_s']['median']:7.3f}")
     print(f"fused / three-call: tb {result['trainer_s_vs_three_call']['tb']:.2f}, tb_pg "
           f"{result['trainer_s_vs_three_call']['tb_pg']:.2f}; fused / Dr. GRPO: tb {result['trainer_s_vs_drgrpo']['tb']:.2f}"
           f", tb_pg {result['trainer_s_vs_drgrpo']['tb_pg']:.2f}")
@@ -113,7 +128,7 @@ def plot(summary, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = plt.subplots(figsize=(10, 4))
     names = list(summary)
     bottom = [0.0] * len(names)
     for stage in STAGES:
@@ -121,6 +136,7 @@ def plot(summary, path):
         ax.bar(names, values, bottom=bottom, label=stage)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_ylabel("trainer s per update (median stages)")
+    ax.tick_params(axis="x", labelrotation=20, labelsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -42,9 +42,9 @@ def _register() -> None:
 
     REGISTERED["reward_manager"] = [reward_manager.NAME]
 
-    from tba_ext.adapters import trainer
+    from tba_ext.adapters import decoupled, trainer
 
-    REGISTERED["trainer_mode"] = list(trainer.TRAINER_NAMES)
+    REGISTERED["trainer_mode"] = [*trainer.TRAINER_NAMES, decoupled.TRAINER_NAME]
 
 
 try:

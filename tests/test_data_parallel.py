@@ -75,6 +75,10 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
     three, metrics_three = one_update(tiny_run, tmp_path / "three_call", 1, algo, fused=False)
     # verl's old-log-prob pass reports the entropy; the fused update makes no such pass
     assert "actor/entropy" in metrics_three and "actor/entropy" not in metrics_one
+    # the driver's TB statistics of the three-call path (from verl's KL-penalised rewards) are the fused loss's
+    # (from its forward): at theta = old both see the same log Z and advantages
+    for key in ("tb/log_z", "tb/mean_abs_advantage"):
+        assert metrics_three[key] == pytest.approx(metrics_one[key], rel=1e-4, abs=1e-5), key
 
     # the same data reached both: same rewards, same sequence lengths (padding rows are not counted)
     assert metrics_two["critic/score/mean"] == pytest.approx(metrics_one["critic/score/mean"])

@@ -63,7 +63,7 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
     trace = tmp_path / "rollout_trace.jsonl"
     proc, metrics = start_train("cpu_tba_decoupled", tiny_run, tmp_path, "trainer.total_training_steps=6",
                                 "actor_rollout_ref.rollout.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=3",
-                                env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
+                                "tba.ref_cache_check=true", env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
     try:
         wait_for(lambda: len(steps_logged(metrics)) >= 2, 600, "two trainer steps", proc)
         sid = verl_session(proc)
@@ -86,6 +86,10 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
         fracs = [d[f"replay/local_update_{j}/distinct_prompt_frac_min"] for d in data]
         margin(f"repeated-prompt share at local update {j}", 1.0 - min(fracs), 0.1)
     assert all(d["tba/weight_sync_s"] > 0 for d in data)
+    # the searchers score every sample with their copy of the initial model (the restarted one too), and the
+    # trainer's reference pass on the same rows (run here as a check) agrees to float32 rounding
+    assert all(d["tba/ref_cached_frac"] == 1.0 for d in data)
+    margin("searcher vs trainer reference l_ref", max(d["tba/ref_cache_max_sum_diff"] for d in data), 1e-3)
     assert data[-1]["tba/searchers_alive"] == 2  # the killed one was replaced
     for i in (0, 1):  # per-searcher figures, for both
         assert any(d.get(f"tba/searcher_{i}/generated_per_s", 0) > 0 for d in data), i
@@ -211,6 +215,11 @@ def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(t
         margin(f"KL at step {i + 1} (policy moved)", abs(kl[i]), 1e-3, below=False)
     assert [d["tb/beta"] for d in data] == pytest.approx(
         [beta_at_step(first_update(g, 2), 0.05, 0.01, 8) for g in range(1, 6)])
+    # reference log-probs: the searchers' (initial model) serve until the first reset, after it none of theirs is
+    # (the zero KL at steps 3 and 5 above); before it the trainer runs no reference pass: one call per update
+    assert data[0]["tba/ref_cached_frac"] == data[1]["tba/ref_cached_frac"] == 1.0
+    assert data[0]["tba/trainer_calls_per_update"] == 1.0
+    assert data[2]["tba/ref_computed_frac"] > 0
     # staleness in optimizer updates at each local update: versions are whole steps of k = 2 updates, so data
     # served at local update 1 is an even number of updates old and at local update 2 an odd number (>= 1: the
     # weights of the update just made were never published)

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tba_ext.adapters.trainer import REFERENCE_DIR, REPLAY_FILE
+from tba_ext.adapters.reference import REFERENCE_DIR
+from tba_ext.adapters.trainer import REPLAY_FILE
 from tba_ext.tools.launch import run_verl
 
 pytestmark = pytest.mark.e2e
@@ -122,6 +123,12 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
     assert max(series(both, "replay/fraction")) > 0
     assert max(series(both, "replay/staleness_max")) > 0
     assert max(series(both, "training/off_policy/trajectory_staleness/max")) > 0  # verl's own view agrees
+    # reference log-probs kept in the store are of the reference they were computed with: none is served at the
+    # step after a reset (steps 3 and 5, across the resumes: the store's reference version is checkpointed), and
+    # the zero KL above holds; replayed rows between resets are served theirs
+    cached = {r["step"]: r["data"]["tba/ref_cached_frac"] for r in both}
+    assert cached[1] == cached[3] == cached[5] == 0.0
+    assert max(cached.get(step, 0.0) for step in (2, 4, 6)) > 0  # step 2 may end with the kill, unlogged
 
 
 BAD_REWARDS = {
@@ -217,10 +224,15 @@ def test_tb_pg_weights_stale_tokens_by_the_ratio_to_the_searchers_policy(tiny_ru
                            "trainer.v1.sampler.max_off_policy_threshold=null",
                            "trainer.v1.sampler.custom_sampler.path=pkg://tba_ext.adapters.sampler",
                            "trainer.v1.sampler.custom_sampler.name=TBAReplaySampler",
-                           "+trainer.v1.sampler.sampler_kwargs.recency_prob=0.5"],
+                           "+trainer.v1.sampler.sampler_kwargs.recency_prob=0.5",
+                           "tba.ref_cache_check=true"],
              log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics))
     records = read_metrics(metrics)
     assert [r["step"] for r in records] == list(range(1, 6))
+    # reference log-probs kept in the store: replayed rows are served them; checked here against a reference
+    # pass on the same rows (same weights: float32 rounding, the 16-bit storage keeps the sum exact)
+    assert sum(series(records, "tba/ref_cache_checked_rows")) > 0
+    margin("stored vs recomputed reference l_ref", max(series(records, "tba/ref_cache_max_sum_diff")), 1e-3)
     assert max(series(records, "replay/staleness_max")) > 0
     ratios = series(records, "actor/tb_pg/ratio_mean")
     assert series(records, "replay/staleness_max")[0] == 0

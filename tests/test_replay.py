@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tba_ext.core.replay import (
+    ReferenceLogProbs,
     ReplaySampler,
     Trajectory,
     TrajectoryStore,
@@ -158,6 +159,46 @@ def test_trajectory_keeps_tokens_logprobs_and_extras_exactly():
     assert t.rollout_logprobs.tolist() == np.float32([-0.5, -1e-9, -30.0]).tolist()
     assert t.extras == b"\x00x"
     assert Trajectory("p", [1], 0.0, 0).rollout_logprobs is None
+
+
+def test_reference_logprobs_in_16_bits_keep_the_masked_sum_exact():
+    rng = np.random.default_rng(0)
+    values = np.float32(-rng.exponential(3.0, 1024) - 1e-3)  # a 1024-token response's reference log-probs
+    mask = np.ones(1024, dtype=bool)
+    mask[[5, 700, 1023]] = False  # tool-masked tokens, the last among them
+    exact = values[mask].sum(dtype=np.float64)
+    half_only = np.float16(values).astype(np.float32)[mask].sum(dtype=np.float64)
+    assert abs(half_only - exact) > 1e-3  # float16 alone would move l_ref by this much: the test can fail
+    ref = ReferenceLogProbs(values, mask, version=2)
+    served = ref.values(mask)
+    assert abs(served[mask].sum(dtype=np.float64) - exact) < 1e-3 * 2**-10  # exact to float32's rounding
+    assert ref.nbytes == 2 * 1024 and ref.last == 1022  # the last unmasked token carries the correction
+    others = np.arange(1024) != 1022
+    np.testing.assert_allclose(served[others], values[others], rtol=2**-11, atol=0)
+    with pytest.raises(ValueError, match="finite"):
+        ReferenceLogProbs(np.array([-1.0, -np.inf]), None)
+
+
+def test_stored_reference_logprobs_serve_only_their_reference_version_and_persist(tmp_path):
+    store = TrajectoryStore(10, 100)
+    traj = Trajectory("p", [1, 2, 3], 1.0, 0)
+    store.admit(traj, prompt_payload={})
+    before = store.nbytes
+    store.set_reference(traj, [-1.0, -2.5, -0.25])
+    assert store.nbytes == before + 6  # counted against capacity_bytes
+    assert traj.reference_logprobs(0).tolist() == [-1.0, -2.5, -0.25]
+    saved = store.state_dict()
+    store.reference_version += 1  # the reference moved: what is stored is of the old one
+    assert traj.reference_logprobs(store.reference_version) is None
+    restored = TrajectoryStore(10, 100)
+    restored.load_state_dict(saved)
+    (back,) = restored.trajectories("p")
+    assert restored.reference_version == 0 and back.reference_logprobs(0).tolist() == [-1.0, -2.5, -0.25]
+    assert restored.nbytes == before + 6
+    del saved["references"], saved["reference_version"]
+    saved["format_version"] = 2  # a store written before reference log-probs were kept
+    restored.load_state_dict(saved)
+    assert restored.trajectories("p")[0].reference is None and restored.reference_version == 0
 
 
 def test_dedup_newest_wins_and_counts():

@@ -215,7 +215,7 @@ def test_update_counting_of_steps_and_reference_resets():
 def test_reference_update_copies_or_averages_the_policy_shard_by_shard():
     from types import SimpleNamespace
 
-    from tba_ext.adapters.trainer import _actor_shards, _update_reference
+    from tba_ext.adapters.reference import _actor_shards, _update_reference
 
     def worker(module):
         return SimpleNamespace(engine=SimpleNamespace(module=module))

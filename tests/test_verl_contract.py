@@ -10,10 +10,11 @@ import inspect
 import pytest
 
 import verl  # noqa: F401
-from verl.trainer.ppo.v1 import trainer_base, trainer_separate_async
+from verl.trainer.ppo.v1 import trainer_base, trainer_colocate_async, trainer_separate_async
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.workers import engine_workers
 from verl.workers.engine import utils as engine_utils
+from verl.workers.rollout import llm_server
 from verl.workers.utils import losses as verl_losses
 
 PPOTrainer = trainer_base.PPOTrainer
@@ -39,6 +40,11 @@ METHODS = [
     (SeparateAsync, "_add_prompts_to_generate", ["self", "num_prompts"]),
     (SeparateAsync, "on_step_end", ["self"]),
     (SeparateAsync, "_rollout_server_managers", None),
+    (SeparateAsync, "get_llm_client", ["self"]),
+    (trainer_colocate_async.PPOTrainerColocateAsync, "get_llm_client", ["self"]),
+    (llm_server.LLMServerManager, "get_client", None),
+    (llm_server.FullyAsyncLLMServerClient, "generate", None),
+    (llm_server.LLMServerClient, "generate", None),
     (ReplayBufferAsync, "sample", ["self", "global_steps", "partition_id", "batch_size"]),
     (ReplayBufferAsync, "_sync_metadata_from_transfer_queue", None),
     (ReplayBufferAsync, "_select_prompt_uids", None),
@@ -86,3 +92,14 @@ def test_verl_attributes_tba_ext_reads_are_still_set():
     for attribute in ("self.pending_keys", "self.running_keys", "self.partitions"):
         assert attribute in inspect.getsource(ReplayBufferAsync.__mro__[1]) + inspect.getsource(ReplayBufferAsync), \
             attribute
+
+
+def test_the_searchers_reference_log_probs_reach_the_replay_store():
+    # verl's resume loop calls the plain client once per segment (tba-ext's client sees each segment there)
+    assert "await super().generate(" in inspect.getsource(llm_server.FullyAsyncLLMServerClient.generate)
+    # the agent loop keeps the server's extra_fields, and the TransferQueue row carries them whole
+    from verl.experimental.agent_loop import single_turn_agent_loop
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    assert "extra_fields=output.extra_fields" in inspect.getsource(single_turn_agent_loop.SingleTurnAgentLoop.run)
+    assert "field = output.as_dict()" in inspect.getsource(agent_loop_tq)

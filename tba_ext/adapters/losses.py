@@ -21,10 +21,6 @@ from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_pol
 from tba_ext.core import tb
 from tba_ext.core.settings import IS_RATIO_MAX, TB_MODES, checked_beta
 
-# Driver-side metrics produced by the estimators; the TBA trainer mode moves them into verl's stream.
-ESTIMATOR_METRICS: dict[str, float] = {}
-
-
 def _kl_coef(config) -> float:
     return checked_beta(config.kl_ctrl.kl_coef)
 
@@ -46,11 +42,9 @@ def _tb_estimator(token_level_rewards, response_mask, index, config, pg_units: b
     # shared uid): they get advantage 0 and stay out of the statistics
     real = mask.sum(-1) > 0
     groups = tb.group_ids([uid for uid, keep in zip(index, real.tolist()) if keep])
-    advantage, stats = tb.tb_advantage((token_level_rewards * mask).sum(-1)[real], groups, beta, pg_units)
+    advantage, _ = tb.tb_advantage((token_level_rewards * mask).sum(-1)[real], groups, beta, pg_units)
     seq_adv = torch.zeros(mask.shape[0], dtype=mask.dtype, device=mask.device)
     seq_adv[real] = advantage
-    ESTIMATOR_METRICS.clear()
-    ESTIMATOR_METRICS.update({"tb/beta": beta, **{f"tb/{name}": value for name, value in stats.items()}})
     return seq_adv.unsqueeze(-1) * mask
 
 

@@ -30,6 +30,28 @@ _DERIVED_TAGS = ("status", "prompt_len", "response_len", "seq_len")
 _DERIVED = ("response_mask", "rm_scores", "input_ids", "position_ids", "attention_mask", "loss_mask")
 
 
+# an ``extra_fields`` entry of a searcher's output: the reference's log-probs of the response, computed by the
+# searcher with its copy of the initial model (``tba_ext.cpu.hf_rollout``); kept with the trajectory
+SEARCHER_REFERENCE = "tba_ref_log_probs"
+
+
+def pop_searcher_reference(row: dict) -> np.ndarray | None:
+    """The searcher's reference log-probs of this row's response, taken out of its ``extra_fields``."""
+    extra = row.get("extra_fields")
+    if not isinstance(extra, dict) or SEARCHER_REFERENCE not in extra:
+        return None
+    extra = dict(extra)
+    values = extra.pop(SEARCHER_REFERENCE)
+    row["extra_fields"] = extra
+    if values is None:
+        return None
+    values = np.asarray(values, dtype=np.float32)
+    if values.shape != _np(row["responses"]).shape:
+        raise ValueError(f"{SEARCHER_REFERENCE}: {values.shape[0]} log-probs for a response of "
+                         f"{_np(row['responses']).shape[0]} tokens")
+    return values
+
+
 def _np(value) -> np.ndarray:
     return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 

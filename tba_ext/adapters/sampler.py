@@ -39,8 +39,16 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.utils.transferqueue_utils import KVBatchMeta
 
-from tba_ext.adapters.rows import build_row, load_prompt, split_row
-from tba_ext.core.replay import ReplaySampler, Trajectory, TrajectoryStore, load_checked, save_atomic, staleness_summary
+from tba_ext.adapters.rows import build_row, load_prompt, pop_searcher_reference, split_row
+from tba_ext.core.replay import (
+    ReferenceLogProbs,
+    ReplaySampler,
+    Trajectory,
+    TrajectoryStore,
+    load_checked,
+    save_atomic,
+    staleness_summary,
+)
 from tba_ext.core.settings import SAMPLER_KWARGS, parse_replay_settings, trainer_version
 
 
@@ -64,6 +72,11 @@ def row_dicts(td) -> list[dict]:
 def prompt_identity(row: dict) -> str:
     """Stable identity of a prompt across generations (verl's uid is new each time a prompt is drawn)."""
     return hashlib.sha1(np.asarray(row["prompts"], dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
+def _response_mask(row: dict) -> np.ndarray:
+    mask = row["response_mask"]
+    return mask.numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
 
 
 class ReplayWaitTimeoutError(RuntimeError):
@@ -97,6 +110,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.local_update = 0  # which of them the next sample serves (from 0), set by the trainer
         self.initial_buffer_filled = False
         self.request_prompts = None  # the decoupled trainer's "generate n more prompts", for the initial buffer
+        self.served: dict = {}  # the last training sample: key -> (trajectory, response mask), for the reference
 
     # -- ingestion -------------------------------------------------------------------------------------
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
@@ -118,11 +132,14 @@ class TBAReplaySampler(ReplayBufferAsync):
                 self.unknown_version += 1
                 continue
             version *= self.updates_per_version
+            searcher_reference = pop_searcher_reference(row)
             prompt_fields, response, logprobs, reward, extras = split_row(row, tag)
             prompt_key = prompt_identity(row)
             prompts.add(prompt_key)
-            self.store.admit(Trajectory(prompt_key, response, reward, version, logprobs, extras),
-                             prompt_payload=prompt_fields)
+            traj = Trajectory(prompt_key, response, reward, version, logprobs, extras)
+            if searcher_reference is not None:  # the searchers' reference is the initial one: version 0
+                traj.reference = ReferenceLogProbs(searcher_reference, _response_mask(row), version=0)
+            self.store.admit(traj, prompt_payload=prompt_fields)
         self.largest_group = max(self.largest_group, max(sizes.values()))
         self._check_nonfinite()
         return {"ingested": len(keys), "rejected": self.store.stats.rejected_nonfinite - before,
@@ -185,6 +202,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             need = 1
             time.sleep(self.poll_interval)
         keys, tags, rows = [], [], []
+        self.served = {}
         for group in report.groups:
             uid = uuid.uuid4().hex
             prompt_fields = load_prompt(group.payload)
@@ -193,9 +211,35 @@ class TBAReplaySampler(ReplayBufferAsync):
                 keys.append(f"{uid}_{idx}_0")
                 tags.append(tag)
                 rows.append(row)
+                self.served[keys[-1]] = (traj, row["response_mask"])
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
         metrics.update(self._metrics(report, current_version, ingest))
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+
+    # -- reference log-probs, kept with the trajectories (TrajectoryStore.reference_version) ---------------
+    def cached_reference(self, keys: list[str]) -> dict[str, torch.Tensor]:
+        """The served rows among ``keys`` whose reference log-probs the store holds for the current reference."""
+        version, found = self.store.reference_version, {}
+        for key in keys:
+            traj, mask = self.served.get(key, (None, None))
+            values = None if traj is None else traj.reference_logprobs(version, mask.numpy())
+            if values is not None:
+                found[key] = torch.from_numpy(values)
+        return found
+
+    def keep_reference(self, keys: list[str], values: list[torch.Tensor]) -> int:
+        """Store the reference log-probs just computed for served rows (other keys, e.g. padding, are skipped)."""
+        kept = 0
+        for key, value in zip(keys, values):
+            traj, mask = self.served.get(key, (None, None))
+            if traj is not None:
+                self.store.set_reference(traj, value.float().numpy(), mask.numpy())
+                kept += 1
+        return kept
+
+    def reference_changed(self) -> None:
+        """The reference policy moved: every stored reference log-prob is stale."""
+        self.store.reference_version += 1
 
     def _fill_initial_buffer(self, partition_id: str, min_buffer: int) -> None:
         """Ask for the prompts the initial buffer still lacks beyond those queued or generating (the searchers'

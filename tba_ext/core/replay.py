@@ -5,6 +5,9 @@ only its response tokens (int32), the searcher's per-token log-probs (float32), 
 that generated it (``version``: the oldest policy version that contributed tokens, in the caller's unit; the
 verl adapter counts optimizer updates) and a few small fields the adapter packs as bytes. Staleness of a
 trajectory at trainer version v is ``v - version``.
+Once the reference's log-probs of a trajectory are known they are kept with it (``ReferenceLogProbs``: 16-bit
+per token, the sequence sum exact), tagged with the reference's version (``TrajectoryStore.reference_version``,
+which the caller advances whenever the reference changes): TB needs them once per trajectory, not once per draw.
 
 Sampling (``ReplaySampler.sample_groups``) follows the reference code (``buffer_utils.get_batch``). For each of
 the B group slots, a coin with probability ``recency_prob`` (m) picks the branch:
@@ -42,19 +45,54 @@ import torch
 
 from tba_ext.core.settings import ReplaySettings
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: reference log-probs and the reference version; 2 (without them) still loads
+READABLE_FORMATS = (2, 3)
 FILE_FORMAT = "tba-ext-replay"
 # Python object overhead the store pays per trajectory on top of its bytes (object, hash, index entries),
 # measured by benchmarks/replay.py; used only for the byte capacity.
 OVERHEAD_BYTES_PER_TRAJECTORY = 450  # benchmarks/replay.py: ~440 B beyond blob and prompt share
 
 
+class ReferenceLogProbs:
+    """A trajectory's per-token reference log-probs in 16 bits, with their sum over the response mask exact.
+
+    TB and TBA' read the reference only through the sequence sum l_ref (eq. 5, and the KL inside eq. 7's
+    advantage), so the sum is kept in float64 and the rounding of the float16 values is folded back into the
+    last unmasked token when they are served: per-token values within float16 rounding (2**-11 relative), the
+    sum as exact as float32 holds it. 2 bytes a token where float32 would take 4."""
+
+    __slots__ = ("half", "total", "last", "version")
+
+    def __init__(self, values, mask=None, version: int = 0):
+        values = np.asarray(values, dtype=np.float32)
+        mask = np.ones(values.shape, dtype=bool) if mask is None else np.asarray(mask).astype(bool)
+        if not np.isfinite(values[mask]).all():
+            raise ValueError("reference log-probs must be finite on the response mask")
+        self.half = values.astype(np.float16).tobytes()
+        self.total = float(values[mask].sum(dtype=np.float64))
+        on = np.flatnonzero(mask)
+        self.last = int(on[-1]) if on.size else -1
+        self.version = version  # the reference's version they were computed with
+
+    def values(self, mask=None) -> np.ndarray:
+        out = np.frombuffer(self.half, np.float16).astype(np.float32)
+        if self.last >= 0:
+            on = np.ones(out.shape, dtype=bool) if mask is None else np.asarray(mask).astype(bool)
+            out[self.last] += np.float32(self.total - out[on].sum(dtype=np.float64))
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.half)
+
+
 class Trajectory:
     """One stored trajectory. Its arrays live in one bytes blob: response tokens (int32), then the searcher's
     per-token log-probs (float32, optional), then the adapter's packed extras; the dedup key is a 16-byte hash
-    of the response, so the tokens are never held twice."""
+    of the response, so the tokens are never held twice. ``reference``: the reference's log-probs once known."""
 
-    __slots__ = ("prompt_key", "blob", "n_response", "n_logprobs", "reward", "version", "order", "draws", "digest")
+    __slots__ = ("prompt_key", "blob", "n_response", "n_logprobs", "reward", "version", "order", "draws", "digest",
+                 "reference")
 
     def __init__(self, prompt_key: Hashable, response, reward: float, version: int,
                  rollout_logprobs=None, extras: bytes = b"", draws: int = 0):
@@ -69,6 +107,7 @@ class Trajectory:
         self.order = 0  # admission order: ties within a version are broken by it
         self.draws = draws  # times sampled for training
         self.digest = hashlib.blake2b(tokens, digest_size=16).digest()
+        self.reference: ReferenceLogProbs | None = None
 
     @property
     def response(self) -> np.ndarray:
@@ -84,9 +123,15 @@ class Trajectory:
     def extras(self) -> bytes:
         return self.blob[4 * (self.n_response + (self.n_logprobs or 0)):]
 
+    def reference_logprobs(self, reference_version: int, mask=None) -> np.ndarray | None:
+        """The stored reference log-probs if they were computed with reference ``reference_version``."""
+        ref = self.reference
+        return ref.values(mask) if ref is not None and ref.version == reference_version else None
+
     @property
     def nbytes(self) -> int:
-        return len(self.blob) + OVERHEAD_BYTES_PER_TRAJECTORY
+        ref = 0 if self.reference is None else self.reference.nbytes
+        return len(self.blob) + ref + OVERHEAD_BYTES_PER_TRAJECTORY
 
 
 def _age(t: Trajectory) -> tuple[int, int]:
@@ -161,6 +206,9 @@ class TrajectoryStore:
         self._version_prompts: dict[int, dict] = {}  # version -> {prompt_key: count}: the recency index
         self.new_prompt_listeners: list = []  # called with a prompt key when it enters the store
         self.fresh_listeners: list = []  # called with the prompt key on every admission
+        # advanced by the caller whenever the reference policy changes: stored reference log-probs of an older
+        # version are stale and get recomputed
+        self.reference_version = 0
 
     # -- admit ---------------------------------------------------------------------------------------------
     def admit(self, traj: Trajectory, prompt_payload: Any = None) -> bool:
@@ -198,6 +246,13 @@ class TrajectoryStore:
             listener(traj.prompt_key)
         self._evict_over_capacity([entry])
         return True
+
+    def set_reference(self, traj: Trajectory, values, mask=None) -> None:
+        """Keep ``traj``'s reference log-probs, computed with the current reference (``reference_version``)."""
+        before = traj.nbytes
+        traj.reference = ReferenceLogProbs(values, mask, self.reference_version)
+        if self._prompts.get(traj.prompt_key) is not None and traj in self._prompts[traj.prompt_key].items:
+            self._bytes += traj.nbytes - before
 
     # -- select --------------------------------------------------------------------------------------------
     def prompt(self, prompt_key) -> PromptEntry | None:
@@ -324,19 +379,28 @@ class TrajectoryStore:
             "version_prompts": [(v, list(keys)) for v, keys in self._version_prompts.items()],
             "trajectories": [(t.prompt_key, t.response, t.reward, t.version, t.rollout_logprobs, t.extras,
                               t.order, t.draws) for t in trajectories],
+            "reference_version": self.reference_version,
+            "references": [None if t.reference is None else
+                           (t.reference.half, t.reference.total, t.reference.last, t.reference.version)
+                           for t in trajectories],
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"replay store format {state.get('format_version')} is not {FORMAT_VERSION}")
+        if state.get("format_version") not in READABLE_FORMATS:
+            raise ValueError(f"replay store format {state.get('format_version')} is not one of {READABLE_FORMATS}")
         listeners = self.new_prompt_listeners, self.fresh_listeners
         self.__init__(state["per_prompt_capacity"], state["capacity"], state.get("capacity_bytes"))
         self.new_prompt_listeners, self.fresh_listeners = listeners
         self._prompts = {key: PromptEntry(payload=payload) for key, payload in state["prompts"]}
         counts: dict = {}
-        for prompt_key, response, reward, version, logprobs, extras, order, draws in state["trajectories"]:
+        references = state.get("references") or [None] * len(state["trajectories"])
+        for (prompt_key, response, reward, version, logprobs, extras, order, draws), ref in zip(
+                state["trajectories"], references):
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras, draws=draws)
             traj.order = order
+            if ref is not None:
+                traj.reference = ReferenceLogProbs.__new__(ReferenceLogProbs)
+                traj.reference.half, traj.reference.total, traj.reference.last, traj.reference.version = ref
             entry = self._prompts[prompt_key]
             bisect.insort(entry.items, traj, key=_age)
             entry.by_digest[traj.digest] = traj
@@ -348,6 +412,7 @@ class TrajectoryStore:
         self._versions = sorted(self._version_prompts)
         self._order = state["order"]
         self.stats = StoreStats(**state["stats"])
+        self.reference_version = state.get("reference_version", 0)
 
 
 def save_atomic(state: dict, path: str) -> None:
@@ -372,9 +437,9 @@ def load_checked(path: str) -> dict:
         raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
         raise ValueError(f"replay store checkpoint {path} is not a tba-ext replay store")
-    if state.get("format_version") != FORMAT_VERSION:
+    if state.get("format_version") not in READABLE_FORMATS:
         raise ValueError(f"replay store checkpoint {path} has format version {state.get('format_version')}, "
-                         f"this tba-ext reads {FORMAT_VERSION}")
+                         f"this tba-ext reads {READABLE_FORMATS}")
     return state["state"]
 
 

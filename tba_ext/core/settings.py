@@ -82,6 +82,11 @@ class TBASettings:
     # the fused update (tba_ext.adapters.fused): one actor call per optimizer update, log Z from the training
     # forward, no old-log-prob pass; false = verl's three-call pipeline (old log-probs, advantage, update)
     fused_update: bool = True
+    # keep each trajectory's reference log-probs in the replay store and run the reference only on rows without
+    # them (fresh data, or data from before a reference reset); false = verl's reference pass on every row
+    ref_cache: bool = True
+    # also recompute the cached rows and report the largest difference (tba/ref_cache_max_sum_diff): a check
+    ref_cache_check: bool = False
 
 
 def _build(cls, node: Mapping[str, Any] | None, prefix: str):

@@ -28,6 +28,8 @@ from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogit
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from tba_ext.adapters.rows import SEARCHER_REFERENCE
+
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "tba_hfcpu_server_{replica_rank}"
@@ -130,18 +132,43 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
     return results
 
 
+def reference_logprobs(model, requests: list[_Request], results: list[dict]) -> None:
+    """The reference's log-probs of each sampled response, at the sampling temperature, into ``results``
+    (``ref_log_probs``): the TBA searcher's second forward, with its own copy of the initial model, so the
+    trainer need not run the reference on this data. Right-padded, one forward for the batch."""
+    sequences = [r.prompt_ids + res["token_ids"] for r, res in zip(requests, results)]
+    width = max(len(s) for s in sequences)
+    input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, s in enumerate(sequences):
+        input_ids[i, : len(s)] = torch.tensor(s)
+        attention_mask[i, : len(s)] = 1
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+    for i, (r, res) in enumerate(zip(requests, results)):
+        start, tokens = len(r.prompt_ids), res["token_ids"]
+        logprobs = torch.log_softmax(logits[i, start - 1 : start - 1 + len(tokens)] / r.temperature, dim=-1)
+        res["ref_log_probs"] = logprobs.gather(-1, torch.tensor(tokens).unsqueeze(-1)).squeeze(-1).tolist()
+
+
 class HFCPUServer:
     """Ray actor holding one HF model copy; generation batches run in a thread. New weights are received at once
     and applied between batches: a batch runs to completion with the weights it started with (and is stamped
-    with their version), the next starts with the newest, and the trainer never waits for a running batch."""
+    with their version), the next starts with the newest, and the trainer never waits for a running batch.
+    With ``reference``, a second copy of the initial model (never updated) scores every sampled response, as the
+    TBA reference's searchers do; the log-probs travel with the trajectory (``rows.SEARCHER_REFERENCE``)."""
 
-    def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int, max_batch: int = 256):
+    def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int, max_batch: int = 256,
+                 reference: bool = False):
         torch.set_num_threads(int(os.environ.get("TBA_EXT_ROLLOUT_THREADS", "1")))
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if not os.path.isdir(model_path):
             raise FileNotFoundError(f"actor_rollout_ref.model.path: no model directory at {model_path}")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        # the reference is the initial model, as verl's reference worker loads it from the same path
+        self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval() \
+            if reference else None
         cfg = AutoConfig.from_pretrained(model_path)
         gen_cfg = self.model.generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else cfg.eos_token_id
@@ -203,6 +230,8 @@ class HFCPUServer:
                         results = await asyncio.to_thread(
                             generate_batch, self.model, batch, self.pad_token_id, self.eos_token_ids
                         )
+                        if self.reference is not None and batch[0].temperature > 0:  # training samples
+                            await asyncio.to_thread(reference_logprobs, self.reference, batch, results)
                     except Exception as exc:  # surface the failure to every waiting request
                         for r in batch:
                             r.future.set_exception(exc)
@@ -241,12 +270,11 @@ class HFCPUServer:
         self.pending.append(request)
         self.wakeup.set()
         res, version = await request.future
-        return TokenOutput(
-            token_ids=res["token_ids"],
-            log_probs=res["log_probs"],
-            stop_reason="completed",
-            extra_fields={"global_steps": version, "finish_reason": res["stop"]},
-        )
+        extra = {"global_steps": version, "finish_reason": res["stop"]}
+        if "ref_log_probs" in res:
+            extra[SEARCHER_REFERENCE] = res["ref_log_probs"]
+        return TokenOutput(token_ids=res["token_ids"], log_probs=res["log_probs"], stop_reason="completed",
+                           extra_fields=extra)
 
     def _occurrence(self, prompt_ids: list[int]) -> int:
         key = tuple(prompt_ids)
@@ -355,6 +383,7 @@ class HFCPUReplica(RolloutReplica):
             prompt_length=self.config.prompt_length,
             response_length=self.config.response_length,
             seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,
+            reference=bool((getattr(self.config, "custom", None) or {}).get("reference_logprobs", False)),
         )
         await server.stats.remote()  # fail here, with the server's own error, if the model cannot load
         self.servers = [server]

@@ -1,0 +1,213 @@
+"""The reference policy of the tba_* trainer modes: its log-probs, its updates and its checkpoint.
+
+- Log-probs once per trajectory: the replay store keeps each trajectory's reference log-probs
+  (``tba.ref_cache``), so the reference forward runs only on rows without them: fresh data, and data from before
+  the latest reference update (``TrajectoryStore.reference_version``). An EMA reference (``tba.ref_ema`` with
+  ``ref_reset_every=1``) changes every update, so every row is recomputed every update, as without the cache.
+- Updates: ref <- ref_ema * ref + (1 - ref_ema) * policy every ``tba.ref_reset_every`` optimizer updates, shard by
+  shard inside the workers (the actor's processes, or the reference's own worker group).
+- Checkpoint: once the reference has moved, each rank's shard is saved beside verl's checkpoint and restored on
+  resume.
+The ``_``-prefixed functions run inside verl's workers (``__ray_call__``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import ray
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+
+from verl.utils.transferqueue_utils import KVBatchMeta
+
+from tba_ext.core import tb
+
+logger = logging.getLogger(__name__)
+
+REFERENCE_DIR = "tba_reference"  # the reference's shards, one file per rank, once a reset or the EMA moved it
+
+
+def _local_tensors(module) -> dict:
+    """This rank's part of every parameter and buffer (an FSDP2 DTensor's local shard), sharing storage."""
+    return {name: (t.to_local() if hasattr(t, "to_local") else t).data
+            for name, t in module.state_dict(keep_vars=True).items()}
+
+
+def _engine_module(worker, role: str):
+    """The model of ``role`` ("actor" or "ref") in this Ray actor: held by the verl worker itself, or by one of
+    the workers verl fuses into a ``WorkerDict`` when roles share a resource pool (``worker_dict``)."""
+    for candidate in (worker, *getattr(worker, "worker_dict", {}).values()):
+        if getattr(candidate, role, None) is not None:
+            return getattr(candidate, role).engine.module
+    raise RuntimeError(f"no {role} model in this worker")
+
+
+def _actor_shards(worker) -> dict:
+    """Runs inside an actor worker: its shard of the policy's weights, on CPU, for the reference's rank."""
+    return {name: t.detach().cpu() for name, t in _local_tensors(_engine_module(worker, "actor")).items()}
+
+
+def _update_reference(worker, source: dict | None, keep: float) -> int:
+    """Runs inside a worker holding the reference: ref <- keep * ref + (1 - keep) * policy, shard by shard
+    (keep = 0 copies). ``source``: the policy's shards of the same rank, or None for the actor in this process."""
+    target = _local_tensors(_engine_module(worker, "ref"))
+    source = source if source is not None else _local_tensors(_engine_module(worker, "actor"))
+    if set(target) != set(source):
+        raise RuntimeError(f"reference and policy weights differ in names: {sorted(set(target) ^ set(source))[:5]}")
+    with torch.no_grad():
+        for name, dst in target.items():
+            src = source[name].to(device=dst.device, dtype=dst.dtype)
+            if src.shape != dst.shape:
+                raise RuntimeError(f"reference shard {name} is {tuple(dst.shape)}, the policy's {tuple(src.shape)}: "
+                                   "the reference must be sharded like the actor")
+            if keep and dst.is_floating_point():
+                dst.mul_(keep).add_(src, alpha=1.0 - keep)
+            else:
+                dst.copy_(src)
+    return len(target)
+
+
+def _rank() -> tuple[int, int]:
+    dist = torch.distributed
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+
+def _save_reference_shard(worker, folder: str) -> None:
+    """Runs inside a worker holding the reference: its shard, as this rank's file of ``folder``."""
+    rank, world = _rank()
+    tensors = {name: t.detach().cpu().clone() for name, t in _local_tensors(_engine_module(worker, "ref")).items()}
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".rank_{rank}.pt.tmp")
+    torch.save({"world_size": world, "tensors": tensors}, tmp)
+    os.replace(tmp, os.path.join(folder, f"rank_{rank}.pt"))
+
+
+def _load_reference_shard(worker, folder: str) -> int:
+    """Runs inside a worker holding the reference: copies this rank's saved shard into it."""
+    rank, world = _rank()
+    saved = torch.load(os.path.join(folder, f"rank_{rank}.pt"), weights_only=True)
+    if saved["world_size"] != world:
+        raise RuntimeError(f"{folder} holds a reference sharded over {saved['world_size']} ranks, this run has "
+                           f"{world}: resume with the same trainer.n_gpus_per_node x trainer.nnodes")
+    return _update_reference(worker, saved["tensors"], 0.0)
+
+
+class ReferenceMixin:
+    """The reference's part of ``TBATrainerMixin`` (verl's V1 trainer hooks ``_compute_ref_log_prob`` and
+    the trainer's own ``step`` / checkpoint calls)."""
+
+    def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's reference pass on the rows whose reference log-probs the replay store does not hold (topped
+        up to a multiple of the reference's data-parallel size), the stored ones written beside them."""
+        buffer = self.replay_buffer
+        if not (self.tba.ref_cache and hasattr(buffer, "cached_reference")):
+            return super()._compute_ref_log_prob(batch, metrics)
+        cached = buffer.cached_reference(batch.keys)
+        check = self.tba.ref_cache_check and bool(cached)
+        rows = [i for i, key in enumerate(batch.keys) if check or key not in cached]
+        computed_keys: list[str] = []
+        if rows:
+            ranks = self._reference_dp_size()
+            missing = set(rows)
+            rows += [i for i in range(len(batch)) if i not in missing][: -len(rows) % ranks]
+            rows.sort()
+            computed_keys = [batch.keys[i] for i in rows]
+            computed = KVBatchMeta(partition_id=batch.partition_id, keys=computed_keys,
+                                   tags=[batch.tags[i] for i in rows],
+                                   extra_info={**batch.extra_info, **self._reference_micro_batch(len(rows) // ranks)})
+            super()._compute_ref_log_prob(computed, metrics)
+            values = tq.kv_batch_get(keys=computed_keys, partition_id=batch.partition_id,
+                                     select_fields=["ref_log_prob"])["ref_log_prob"].unbind()
+            if check:
+                metrics.update(_cache_differences(cached, dict(zip(computed_keys, values))))
+            new = [(key, value) for key, value in zip(computed_keys, values) if key not in cached]
+            buffer.keep_reference([key for key, _ in new], [value for _, value in new])
+        done = set(computed_keys)
+        stored = [key for key in batch.keys if key in cached and key not in done]
+        if stored:
+            nested = torch.nested.as_nested_tensor([cached[key] for key in stored], layout=torch.jagged)
+            tq.kv_batch_put(keys=stored, partition_id=batch.partition_id,
+                            fields=TensorDict({"ref_log_prob": nested}, batch_size=len(stored)))
+        metrics["tba/ref_cached_frac"] = len(cached) / max(len(batch), 1)
+        metrics["tba/ref_computed_frac"] = len(rows) / max(len(batch), 1)
+        return batch
+
+    def _reference_micro_batch(self, rows_per_rank: int) -> dict:
+        """verl's static micro-batching needs each rank's rows to be a multiple of the micro-batch: the largest
+        micro-batch up to the configured one that divides this pass's rows (dynamic batch size: as configured)."""
+        role = self.config.actor_rollout_ref.rollout if self.ref_in_actor else self.config.actor_rollout_ref.ref
+        micro = role.get("log_prob_micro_batch_size_per_gpu")
+        if role.get("log_prob_use_dynamic_bsz", False) or not micro:
+            return {}
+        return {"micro_batch_size_per_gpu": max(d for d in range(1, min(micro, rows_per_rank) + 1)
+                                                if rows_per_rank % d == 0)}
+
+    def _reference_dp_size(self) -> int:
+        wg = self.actor_rollout_wg if self.ref_in_actor else self.ref_policy_wg
+        role = "actor" if self.ref_in_actor else "ref"
+        if role not in wg._dispatch_info:
+            wg._dispatch_info[role] = wg._query_dispatch_info(role)
+        return max(wg._dispatch_info[role]) + 1
+
+    def _reference_moved(self, global_steps: int) -> bool:
+        """Whether a reference update has run by the end of ``global_steps``: the reference is no longer the
+        model verl loads it from, so checkpoints carry it."""
+        every = self.tba.ref_reset_every
+        return bool(self.use_reference_policy and tb.multiples_passed(0, global_steps * self.updates_per_step, every))
+
+    def _update_reference(self) -> None:
+        """After the updates of this step: every ``ref_reset_every`` updates, ref <- a ref + (1 - a) policy
+        (a = ref_ema; several due at once, as when k updates make one step, apply a^n)."""
+        u = self.updates_per_step
+        due = tb.multiples_passed((self.global_steps - 1) * u, self.global_steps * u, self.tba.ref_reset_every)
+        if not due or not self.use_reference_policy:
+            return
+        keep = self.tba.ref_ema ** due
+        actors, refs = self.actor_rollout_wg.workers, self.ref_policy_wg.workers
+        if [w._actor_id for w in refs] == [w._actor_id for w in actors]:
+            # the reference shares the actor's processes: the hybrid worker, or its own worker group fused into
+            # the same Ray actors (verl does this when both use the global pool, as hybrid_engine=False does)
+            ray.get([w.__ray_call__.remote(_update_reference, None, keep) for w in refs])
+        else:  # other processes: rank r from actor rank r, worker to worker through Ray's object store
+            if len(refs) != len(actors):
+                raise RuntimeError(f"{len(refs)} reference workers for {len(actors)} actor workers")
+            shards = [w.__ray_call__.remote(_actor_shards) for w in actors]
+            ray.get([w.__ray_call__.remote(_update_reference, s, keep) for w, s in zip(refs, shards)])
+        if hasattr(self.replay_buffer, "reference_changed"):  # the stored reference log-probs are now stale
+            self.replay_buffer.reference_changed()
+        logger.info("tba: reference updated from the policy after update %d (keep %.3g)",
+                    self.global_steps * u, keep)
+
+    def _save_reference(self, folder: str) -> None:
+        """Each rank's reference shard into ``folder``, once the reference is no longer verl's initial model."""
+        if self._reference_moved(self.global_steps):
+            target = os.path.join(os.path.abspath(folder), REFERENCE_DIR)
+            ray.get([w.__ray_call__.remote(_save_reference_shard, target) for w in self.ref_policy_wg.workers])
+
+    def _restore_reference(self, folder: str) -> None:
+        if not self.use_reference_policy:
+            return
+        reference = os.path.join(folder, REFERENCE_DIR)
+        if os.path.isdir(reference):
+            ray.get([w.__ray_call__.remote(_load_reference_shard, reference) for w in self.ref_policy_wg.workers])
+            print(f"tba-ext: restored the reference policy from {reference}", flush=True)
+        elif self._reference_moved(self.global_steps):
+            print(f"tba-ext: WARNING: {folder} holds no reference policy ({REFERENCE_DIR}/) although "
+                  f"tba.ref_reset_every={self.tba.ref_reset_every} has moved it by step {self.global_steps}: "
+                  "the resumed run's KL anchor is the initial model", file=sys.stderr, flush=True)
+            if hasattr(self.replay_buffer, "reference_changed"):  # stored log-probs are of the lost reference
+                self.replay_buffer.reference_changed()
+
+
+def _cache_differences(cached: dict, computed: dict) -> dict:
+    """How far the stored reference log-probs are from the reference pass on the same rows."""
+    both = [key for key in cached if key in computed]
+    sums = [abs(float(cached[k].double().sum() - computed[k].double().sum())) for k in both]
+    tokens = [float((cached[k] - computed[k].float()).abs().max()) for k in both]
+    return {"tba/ref_cache_max_sum_diff": max(sums, default=0.0),
+            "tba/ref_cache_max_token_diff": max(tokens, default=0.0),
+            "tba/ref_cache_checked_rows": len(both)}
