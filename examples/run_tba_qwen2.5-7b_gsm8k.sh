@@ -9,4 +9,4 @@ export CKPT_DIR=${CKPT_DIR:-$HOME/checkpoints}
 CONFIG=${CONFIG:-tba_qwen2.5-7b_gsm8k_fsdp2}   # or drgrpo_qwen2.5-7b_gsm8k_fsdp2 for the baseline twin
 tba-ext doctor
 python -m verl.trainer.main_ppo \
-  --config-path "$(cd "$(dirname "$0")/../configs" && pwd)" --config-name "$CONFIG" "$@"
+  --config-path "$(tba-ext configs --path "$CONFIG")" --config-name "$CONFIG" "$@"

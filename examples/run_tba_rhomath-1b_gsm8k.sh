@@ -5,4 +5,4 @@ export MODEL_PATH=${MODEL_PATH:-realtreetune/rho-1b-sft-GSM8K}
 export DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 tba-ext doctor
 python -m verl.trainer.main_ppo \
-  --config-path "$(cd "$(dirname "$0")/../configs" && pwd)" --config-name tba_rhomath-1b_gsm8k "$@"
+  --config-path "$(tba-ext configs --path tba_rhomath-1b_gsm8k)" --config-name tba_rhomath-1b_gsm8k "$@"

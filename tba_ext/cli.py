@@ -67,6 +67,18 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_configs(args) -> int:
+    from tba_ext.tools.config import CONFIG_DIR, GPU_CONFIG_DIR, config_location, list_configs
+
+    if args.path:  # the folder for verl's own launcher: main_ppo --config-path DIR --config-name NAME
+        print(config_location(args.path)[0])
+        return 0
+    print(f"CPU configs ({CONFIG_DIR}): {', '.join(list_configs(gpu=False))}")
+    gpu = [name for name in list_configs() if name not in list_configs(gpu=False)]
+    print(f"GPU configs ({GPU_CONFIG_DIR}): {', '.join(gpu)}")
+    return 0
+
+
 def cmd_quickstart(args) -> int:
     from tba_ext.tools.quickstart import quickstart
 
@@ -134,6 +146,11 @@ def main(argv=None) -> int:
                    help="stop the run when no step finishes for this many seconds (a hung worker)")
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("configs", help="the configs tba-ext ships, CPU and GPU, and where they are")
+    p.add_argument("--path", metavar="NAME", default=None,
+                   help="print the folder holding config NAME (verl main_ppo's --config-path)")
+    p.set_defaults(fn=cmd_configs)
 
     p = sub.add_parser("quickstart", help="CPU quickstart: model, data, warm start, TBA training, report")
     p.add_argument("--run-dir", default="tba_quickstart")

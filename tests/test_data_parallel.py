@@ -8,7 +8,9 @@ must equal the 1-rank ones.
 
 Two prompts x 3 responses per update, one micro-batch per group: the fused update gives each rank one whole
 group, so the loss is only right if its normalisation spans the ranks (verl's ``global_batch_info``) and log Z
-comes from the group's own rows. verl's no-op padding rows cannot occur here:
+comes from the group's own rows. The 2-rank run takes the reference log-probs the searcher computed with its copy
+of the initial model, the 1-rank run computes them on the trainer, so the comparison also checks those values.
+verl's no-op padding rows cannot occur here:
 its config check makes the batch a multiple of the rank count and the TBA sampler always serves whole batches
 (padding rows are covered by tests/test_tb_math.py).
 """
@@ -37,8 +39,8 @@ GRADIENT_ORDER_REL = 1e-4
 THETA_ULPS = 4
 
 
-def one_update(tiny_run, run_dir, ranks: int, algo: str, fused: bool = True):
-    overrides = [f"tba.fused_update={fused}",
+def one_update(tiny_run, run_dir, ranks: int, algo: str, fused: bool = True, searcher_reference: bool = True):
+    overrides = [f"tba.fused_update={fused}", f"tba.ref_cache={searcher_reference}",
         f"run_dir={tiny_run}", f"algo={algo}",
         "trainer.total_training_steps=1", f"trainer.n_gpus_per_node={ranks}",
         f"ray_kwargs.ray_init.num_gpus={ranks + 1}",
@@ -68,8 +70,12 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
     start = load_file(str(tiny_run / "model" / "model.safetensors"))
     for name in ("one", "two", "three_call"):
         (tmp_path / name).mkdir()
-    one, metrics_one = one_update(tiny_run, tmp_path / "one", 1, algo)
+    # one rank runs the reference on the trainer; two ranks take the searcher's reference log-probs (its copy of
+    # the initial model): the same update again, and one worker call instead of two
+    one, metrics_one = one_update(tiny_run, tmp_path / "one", 1, algo, searcher_reference=False)
     two, metrics_two = one_update(tiny_run, tmp_path / "two", 2, algo)
+    assert metrics_two["tba/ref_cached_frac"] == 1.0 and metrics_two["tba/trainer_calls_per_update"] == 1
+    assert metrics_one["tba/trainer_calls_per_update"] == 2
     # verl's three-call pipeline (old log-probs, driver advantage, update) makes the same first update: at
     # theta = old the fused loss has its value and gradient
     three, metrics_three = one_update(tiny_run, tmp_path / "three_call", 1, algo, fused=False)

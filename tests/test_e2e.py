@@ -36,7 +36,7 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
     import time
 
     from tba_ext.core.replay import load_checked
-    from tba_ext.core.tb import beta_at_step, first_update
+    from tba_ext.core.tb import beta_at_step, first_update, wsd_lr_ratio
     from tba_ext.tools.processes import children, cmdline, session_pids
 
     def steps_logged(path):
@@ -52,7 +52,10 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
               "trainer.total_training_steps=6", f"algorithm.kl_ctrl.kl_coef={beta_init}",
               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "tba.ref_reset_every=4",
               "actor_rollout_ref.actor.optim.lr=1e-2",  # the policy moves enough for a wrong reference to show
-              f"tba.beta.final={beta_final}", f"tba.beta.anneal_steps={anneal}", "trainer.resume_mode=auto"]
+              f"tba.beta.final={beta_final}", f"tba.beta.anneal_steps={anneal}", "trainer.resume_mode=auto",
+              # the paper's warmup-stable-decay learning rate, in updates: warmup 2, stable 4, decay 6
+              "tba.lr_schedule.name=wsd", "tba.lr_schedule.warmup_updates=2", "tba.lr_schedule.stable_updates=4",
+              "tba.lr_schedule.decay_updates=6"]
 
     def run_killed(name, ready):
         metrics = tmp_path / f"{name}.jsonl"
@@ -106,6 +109,9 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
     for r in both:  # the beta schedule follows the optimizer update (2 per step) across the crashes
         u = first_update(r["step"], 2)
         assert r["data"]["tb/beta"] == pytest.approx(beta_at_step(u, beta_init, beta_final, anneal))
+        # and so does the learning rate (verl reports the one after its scheduler step: 2 updates per step),
+        # restored with verl's checkpoint at each resume
+        assert r["data"]["actor/lr"] == pytest.approx(1e-2 * wsd_lr_ratio(2 * r["step"], 2, 4, 6), abs=1e-12)
     assert all(x % 2 == 0 for x in series(both, "replay/staleness_max"))  # one sample per step of 2 updates
     # the reference: policy-reference KL at the start of a step is zero right after a reset (steps 3, 5) and not
     # otherwise (step 4: KL(theta_3 || theta_2)); right after each resume (steps 3 and 5) it is the KL the run had
@@ -155,9 +161,13 @@ def test_a_bad_reward_function_stops_the_run_naming_it_and_keeps_checkpoints(tin
         "    if calls > 64:\n"
         f"        {bad}\n"
         "    return good(data_source, solution_str, ground_truth, extra_info)\n")
-    ckpt = tmp_path / "ckpt"
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    # cpu_tb has no replay store: its searcher scores the samples with its copy of the initial model, and the
+    # trainer takes those reference log-probs straight from the rows (one worker call per update)
+    searcher_reference = ["+actor_rollout_ref.rollout.custom.reference_logprobs=true"] if config == "cpu_tb" else []
     r = subprocess.run([sys.executable, "-m", "tba_ext.cli", "train", "--config", config, "--log",
-                        str(tmp_path / "verl.log"), f"run_dir={tiny_run}", "trainer.total_training_steps=5",
+                        str(tmp_path / "verl.log"), "--metrics", str(metrics), *searcher_reference,
+                        f"run_dir={tiny_run}", "trainer.total_training_steps=5",
                         "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}",
                         "trainer.v1.colocate_async.num_warmup_batches=0",
                         f"reward.custom_reward_function.path={fn}"],
@@ -173,6 +183,11 @@ def test_a_bad_reward_function_stops_the_run_naming_it_and_keeps_checkpoints(tin
     assert (ckpt / "global_step_2" / "actor").is_dir()
     if config == "cpu_tba":
         load_checked(str(ckpt / "global_step_2" / REPLAY_FILE))
+    if searcher_reference:
+        records = read_metrics(metrics)
+        assert [r["step"] for r in records] == [1, 2]
+        assert series(records, "tba/ref_cached_frac") == [1.0, 1.0]
+        assert series(records, "tba/trainer_calls_per_update") == [1.0, 1.0]
 
 
 def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of_s(tiny_run, tmp_path):

@@ -12,9 +12,31 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
 from tba_ext.core.settings import check_tba_run
+from tba_ext.tools.config import GPU_CONFIG_DIR as CONFIG_DIR
+from tba_ext.tools.config import compose as tba_compose
+from tba_ext.tools.config import list_configs
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "configs")
 GPU_CONFIGS = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml") and not f.startswith("_"))
+
+
+def test_gpu_configs_ship_in_the_package_and_tba_ext_train_finds_them():
+    assert os.path.samefile(os.path.join(os.path.dirname(__file__), "..", "configs"), CONFIG_DIR)  # repo link
+    assert CONFIG_DIR.startswith(os.path.dirname(__import__("tba_ext").__file__))
+    assert set(GPU_CONFIGS) <= set(list_configs()) and len(GPU_CONFIGS) == 7
+    with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):  # as verl's main_ppo
+        direct = OmegaConf.to_container(compose(config_name="tba_qwen2.5-7b_gsm8k_fsdp2"), resolve=True)
+    via_cli = OmegaConf.to_container(tba_compose("tba_qwen2.5-7b_gsm8k_fsdp2", []), resolve=True)
+    assert via_cli == direct and via_cli["algorithm"]["adv_estimator"] == "tb"
+
+
+def test_tba_ext_configs_prints_the_folder_for_verls_launcher(capsys):
+    from tba_ext.cli import main
+
+    assert main(["configs", "--path", "tba_rhomath-1b_gsm8k"]) == 0
+    assert capsys.readouterr().out.strip() == CONFIG_DIR
+    assert main(["configs"]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in GPU_CONFIGS) and "cpu_tba_decoupled" in listing
 
 
 @pytest.mark.parametrize("name", GPU_CONFIGS)
@@ -31,20 +53,42 @@ def test_gpu_config_composes_and_validates(name):
         assert plain["data"]["train_batch_size"] == k * plain["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]
 
 
-def test_tba_and_drgrpo_twins_differ_only_in_algorithm_keys():
-    def load(name):
-        with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
-            return OmegaConf.to_container(compose(config_name=name), resolve=True)
+# Where a TBA config and its Dr. GRPO twin may differ, key prefix -> why. Everything else (data, model, rollout,
+# engines, optimizer, trainer layout, seeds) must be the same, compared over the whole composed config.
+INTENDED_TWIN_DIFFERENCES = {
+    "algorithm.adv_estimator": "the algorithm",
+    "algorithm.kl_ctrl.kl_coef": "TB's beta; Dr. GRPO has no KL term (use_kl_in_reward false)",
+    "algorithm.use_kl_in_reward": "TB's reference log-probs enter through verl's KL-in-reward",
+    "algorithm.norm_adv_by_std_in_grpo": "Dr. GRPO: no std normalisation",
+    "algorithm.rollout_correction.": "TBA' weights tokens by pi_theta / pi_rollout (token-level rollout IS)",
+    "actor_rollout_ref.actor.policy_loss.": "the loss",
+    "actor_rollout_ref.actor.loss_agg_mode": "TB is a per-sequence loss (its aggregation is its own)",
+    "critic.loss_agg_mode": "interpolated from the actor's (no critic runs)",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "the fused TB update holds one whole group of K",
+    "tba.": "TBA's own settings",
+    "trainer.v1.trainer_mode": "the tba_* mode around verl's",
+    "trainer.v1.sampler.": "TBA's replay buffer vs verl's staleness-filtered sampler",
+    "trainer.experiment_name": "names",
+    "trainer.default_local_dir": "names",
+    "actor_rollout_ref.rollout.trace.experiment_name": "names",
+}
 
-    tba, drgrpo = load("tba_qwen2.5-7b_gsm8k_fsdp2"), load("drgrpo_qwen2.5-7b_gsm8k_fsdp2")
-    for key in ("data", "trainer"):
-        a, b = dict(tba[key]), dict(drgrpo[key])
-        for d in (a, b):
-            d.pop("experiment_name", None), d.pop("default_local_dir", None), d.pop("v1", None)
-            d.pop("total_training_steps", None)
-        assert a == b, key
-    assert tba["actor_rollout_ref"]["model"] == drgrpo["actor_rollout_ref"]["model"]
-    assert tba["actor_rollout_ref"]["rollout"]["n"] == drgrpo["actor_rollout_ref"]["rollout"]["n"]
+
+def flatten(node, prefix=""):
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    return {k: v for key, value in node.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
+
+
+@pytest.mark.parametrize("tba,drgrpo", [("tba_qwen2.5-7b_gsm8k_fsdp2", "drgrpo_qwen2.5-7b_gsm8k_fsdp2"),
+                                        ("tba_qwen2.5-7b_math_megatron", "drgrpo_qwen2.5-7b_math_megatron")])
+def test_tba_and_drgrpo_twins_differ_only_where_intended(tba, drgrpo):
+    a, b = (flatten(OmegaConf.to_container(tba_compose(name, []), resolve=True)) for name in (tba, drgrpo))
+    differing = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
+    unintended = [f"{k}: {a.get(k, '<absent>')} vs {b.get(k, '<absent>')}" for k in differing
+                  if not any(k == p or (p.endswith(".") and k.startswith(p)) for p in INTENDED_TWIN_DIFFERENCES)]
+    assert not unintended, unintended
+    assert "algorithm.adv_estimator" in differing  # they are different algorithms on the same everything else
 
 
 def test_tldr_scores_with_verls_reward_model_and_redteam_with_its_scorers():
@@ -58,17 +102,3 @@ def test_tldr_scores_with_verls_reward_model_and_redteam_with_its_scorers():
     redteam = load("tba_gpt2_redteam")["reward"]["custom_reward_function"]
     assert redteam["path"] == "pkg://tba_ext.tasks.rewards"
     assert {"victim_model_path", "toxicity_model_path"} <= set(redteam["reward_kwargs"])
-
-
-# optimizer updates of the paper's runs (tba-reference-spec.md section 4), each config's global steps x k
-PAPER_UPDATES = {"tba_rhomath-1b_gsm8k": 1000, "tba_pythia-1b_tldr": 260, "tba_gpt2_redteam": 5000,
-                 "tba_qwen2.5-7b_math_megatron": 400}
-
-
-@pytest.mark.parametrize("name", sorted(PAPER_UPDATES))
-def test_gpu_configs_run_the_papers_number_of_updates(name):
-    from tba_ext.core.settings import updates_per_step
-
-    with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
-        plain = OmegaConf.to_container(compose(config_name=name), resolve=True)
-    assert plain["trainer"]["total_training_steps"] * updates_per_step(plain) == PAPER_UPDATES[name]

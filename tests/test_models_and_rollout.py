@@ -108,6 +108,38 @@ def test_a_requests_sample_depends_on_its_seed_not_on_its_batch(tiny_run):
     assert (((counts - expected) / expected.sqrt()).abs() < 3 * (1 - probs[top]).sqrt() + 1e-6).all(), (counts, expected)
 
 
+def test_a_searcher_scores_its_samples_with_the_initial_model_after_its_weights_moved(tiny_run):
+    """reference=True: every sampled response comes with the initial model's log-probs at the sampling
+    temperature (TBA's searcher), from a copy the trainer's weight updates never touch."""
+    from transformers import AutoModelForCausalLM
+
+    from tba_ext.adapters.rows import SEARCHER_REFERENCE
+    from tba_ext.cpu.hf_rollout import HFCPUServer
+
+    server = HFCPUServer(str(tiny_run / "model"), prompt_length=32, response_length=8, seed=0, reference=True)
+    initial = AutoModelForCausalLM.from_pretrained(tiny_run / "model", dtype=torch.float32).eval()
+    ids, temperature = list(prompt_ids(tiny_run)), 0.7
+
+    async def run():
+        await server.generate(ids, {"temperature": temperature}, "warm")  # the batch loop runs from here on
+        await server.load_weights({k: v + 0.05 * torch.randn_like(v) for k, v in server.model.state_dict().items()},
+                                  global_steps=3)
+        sampled = await asyncio.gather(*[server.generate(ids, {"temperature": temperature}, f"r{i}")
+                                         for i in range(4)])
+        return sampled, await server.generate(ids, {"temperature": 0.0}, "g")
+
+    sampled, greedy = asyncio.run(run())
+    for out in sampled:
+        seq = torch.tensor([ids + out.token_ids])
+        with torch.no_grad():
+            logits = initial(seq).logits[0, len(ids) - 1 : -1] / temperature
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+        reference = torch.tensor(out.extra_fields[SEARCHER_REFERENCE])
+        assert torch.allclose(reference, expected, atol=1e-5)
+        assert not torch.allclose(torch.tensor(out.log_probs), reference, atol=1e-3)  # the policy moved, not it
+    assert SEARCHER_REFERENCE not in greedy.extra_fields  # validation (greedy) samples are not trained on
+
+
 def test_weight_update_changes_generation_and_version(tiny_run, server, tmp_path, monkeypatch):
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("TBA_EXT_ROLLOUT_TRACE", str(trace))

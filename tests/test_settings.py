@@ -216,3 +216,55 @@ def test_decoupled_max_staleness_below_k_minus_1_is_refused():
         check_replay_run(with_change(cfg, "trainer.v1.sampler.sampler_kwargs.max_staleness", 0))
     on_policy = with_change(cfg, "trainer.v1.separate_async.parameter_sync_step", 1)
     check_replay_run(with_change(on_policy, "trainer.v1.sampler.sampler_kwargs.max_staleness", 0))
+
+
+def test_the_wsd_learning_rate_is_hf_s_warmup_stable_decay():
+    """tba.lr_schedule's factor against transformers' own get_wsd_schedule (cosine decay), update by update, and
+    the LambdaLR the actor workers get from it on a real optimizer."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers.optimization import get_wsd_schedule
+
+    from tba_ext.adapters.lr_schedule import install_lr_schedule
+    from tba_ext.core.tb import wsd_lr_ratio
+
+    def optimizer():
+        return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-5)
+
+    for shape, (warmup, stable, decay, min_ratio) in [("cosine", (50, 450, 500, 0.1)), ("linear", (0, 0, 260, 0.0))]:
+        hf_opt = optimizer()
+        hf = get_wsd_schedule(hf_opt, num_warmup_steps=warmup, num_stable_steps=stable, num_decay_steps=decay,
+                              min_lr_ratio=min_ratio, decay_type=shape)
+        for update in range(warmup + stable + decay + 50):
+            assert wsd_lr_ratio(update, warmup, stable, decay, min_ratio, shape) * 1e-5 == pytest.approx(
+                hf_opt.param_groups[0]["lr"], rel=1e-9, abs=1e-18), (shape, update)
+            hf_opt.step(), hf.step()
+    # the worker-side install: verl's engine and checkpoint manager both hold the new scheduler; verl steps it
+    # once per update_actor call of 2 updates here
+    ours = optimizer()
+    engine = SimpleNamespace(optimizer=ours, lr_scheduler=None, checkpoint_manager=SimpleNamespace(lr_scheduler=None))
+    first_lr = install_lr_schedule(SimpleNamespace(actor=SimpleNamespace(engine=engine)),
+                                   {"name": "wsd", "warmup_updates": 4, "stable_updates": 2, "decay_updates": 4}, 2)
+    assert first_lr == 0.0 and engine.checkpoint_manager.lr_scheduler is engine.lr_scheduler
+    lrs = []
+    for _ in range(6):
+        ours.step(), engine.lr_scheduler.step()
+        lrs.append(ours.param_groups[0]["lr"])
+    assert lrs == pytest.approx([1e-5 * wsd_lr_ratio(2 * c, 4, 2, 4) for c in range(1, 7)])
+
+
+def test_a_learning_rate_schedule_that_would_be_overridden_is_refused(tb_config):
+    from tba_ext.core.settings import check_lr_schedule
+
+    wsd = parse_settings({"lr_schedule": {"name": "wsd", "warmup_updates": 50, "stable_updates": 450,
+                                          "decay_updates": 500}})
+    check_lr_schedule(tb_config, wsd)
+    for key, value in [("actor_rollout_ref.actor.optim.lr_scheduler_type", "cosine"),
+                       ("actor_rollout_ref.actor.optim.lr_warmup_steps", 10)]:
+        with pytest.raises(ValueError, match="lr_scheduler_type=constant"):
+            check_lr_schedule(with_change(tb_config, key, value), wsd)
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.strategy=megatron"):
+        check_lr_schedule(with_change(tb_config, "actor_rollout_ref.actor.strategy", "megatron"), wsd)
+    with pytest.raises(ValueError, match="tba.lr_schedule.name must be wsd or null"):
+        parse_settings({"lr_schedule": {"name": "cosine"}})

@@ -129,3 +129,34 @@ def test_evaluate_scores_with_a_users_verl_reward_function(tiny_run, tmp_path):
     assert digits >= built_in["accuracy"] and digits > 0  # a correct answer has digits; a wrong one may too
     with pytest.raises(subprocess.CalledProcessError):
         evaluate("--reward-fn", str(fn))  # no :NAME
+
+
+def test_a_tokenizer_without_a_chat_template_gets_the_raw_prompt_or_a_refusal(tiny_run, tmp_path):
+    """verl's own RLHFDataset with a tokenizer that has no chat template (GPT-2, Pythia, RhoMath SFT): it keeps
+    no row; with tba-ext's raw-text template it keeps every row and the prompt is the message text exactly; the
+    start-up check refuses the first case naming the key."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from tba_ext.tasks.data import CHAT_TEMPLATE_KEY, RAW_PROMPT_TEMPLATE, check_chat_template
+    from tba_ext.tools.config import compose
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_run / "model")
+    tokenizer.chat_template = None
+    data = OmegaConf.to_container(compose("cpu_tb", [f"run_dir={tiny_run}"]).data, resolve=True)
+    data.update(filter_overlong_prompts=True, filter_overlong_prompts_workers=1)
+    train = str(tiny_run / "data" / "train.parquet")
+    rows = len(pd.read_parquet(train))
+    assert len(RLHFDataset(train, tokenizer, OmegaConf.create(data))) == 0  # verl drops every row, silently
+    with pytest.raises(ValueError, match=CHAT_TEMPLATE_KEY.replace(".", r"\.")):
+        check_chat_template(tokenizer, data)
+    data["apply_chat_template_kwargs"] = {"chat_template": RAW_PROMPT_TEMPLATE}
+    check_chat_template(tokenizer, data)
+    dataset = RLHFDataset(train, tokenizer, OmegaConf.create(data))
+    assert len(dataset) == rows
+    messages = dataset[0]["raw_prompt"]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             chat_template=RAW_PROMPT_TEMPLATE)
+    assert rendered == messages[0]["content"]  # the paper's prompt format, no chat tokens

@@ -33,6 +33,8 @@ METHODS = [
     (PPOTrainer, "_save_checkpoint", ["self"]),
     (PPOTrainer, "_load_checkpoint", ["self"]),
     (PPOTrainer, "_fetch_one_gen_batch", ["self"]),
+    (PPOTrainer, "_init_dataloader", ["self"]),
+    (PPOTrainer, "_init_tokenizer", ["self"]),
     (PPOTrainer, "on_init_end", ["self"]),
     (PPOTrainer, "on_step_begin", ["self"]),
     (PPOTrainer, "on_sample_begin", ["self"]),
@@ -81,6 +83,15 @@ def test_the_fused_update_relies_on_verls_micro_batching_and_loss_plumbing():
     ppo_loss = inspect.getsource(verl_losses.ppo_loss)
     for key in ("dp_size", "batch_num_tokens", "global_batch_size"):
         assert f'config.global_batch_info["{key}"] = data["{key}"]' in ppo_loss, key
+
+def test_verl_builds_the_tokenizer_before_the_datasets_and_the_workers_before_loading_a_checkpoint():
+    setup = inspect.getsource(PPOTrainer._setup)
+    # the chat-template check runs in _init_dataloader with the tokenizer _init_tokenizer made
+    assert setup.index("self._init_tokenizer()") < setup.index("self._init_dataloader()")
+    # tba.lr_schedule replaces the actor engine's scheduler in _load_checkpoint: the workers exist by then
+    assert setup.index("self.actor_rollout_wg") < setup.index("self._load_checkpoint()")
+    assert "self._setup()" in inspect.getsource(PPOTrainer.init)
+
 
 def test_verl_attributes_tba_ext_reads_are_still_set():
     init = inspect.getsource(PPOTrainer.__init__) + inspect.getsource(PPOTrainer)

@@ -24,6 +24,7 @@ from tensordict import TensorDict
 
 from verl.utils.transferqueue_utils import KVBatchMeta
 
+from tba_ext.adapters.rows import SEARCHER_REFERENCE
 from tba_ext.core import tb
 
 logger = logging.getLogger(__name__)
@@ -100,13 +101,22 @@ class ReferenceMixin:
     """The reference's part of ``TBATrainerMixin`` (verl's V1 trainer hooks ``_compute_ref_log_prob`` and
     the trainer's own ``step`` / checkpoint calls)."""
 
+    # times the reference has moved since verl loaded it (the searchers' copy is the initial model: their
+    # log-probs are the reference's only while this is 0)
+    reference_version = 0
+
     def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """verl's reference pass on the rows whose reference log-probs the replay store does not hold (topped
-        up to a multiple of the reference's data-parallel size), the stored ones written beside them."""
+        """verl's reference pass on the rows whose reference log-probs are not known (topped up to a multiple of
+        the reference's data-parallel size), the known ones written beside them: the replay store's, or without
+        the replay sampler the searchers' own (``rows.SEARCHER_REFERENCE``) while the reference is the initial
+        model."""
         buffer = self.replay_buffer
-        if not (self.tba.ref_cache and hasattr(buffer, "cached_reference")):
+        if not self.tba.ref_cache:
             return super()._compute_ref_log_prob(batch, metrics)
-        cached = buffer.cached_reference(batch.keys)
+        if hasattr(buffer, "cached_reference"):
+            cached = buffer.cached_reference(batch.keys)
+        else:
+            cached = _searcher_reference(batch) if self.reference_version == 0 else {}
         check = self.tba.ref_cache_check and bool(cached)
         rows = [i for i, key in enumerate(batch.keys) if check or key not in cached]
         computed_keys: list[str] = []
@@ -125,7 +135,8 @@ class ReferenceMixin:
             if check:
                 metrics.update(_cache_differences(cached, dict(zip(computed_keys, values))))
             new = [(key, value) for key, value in zip(computed_keys, values) if key not in cached]
-            buffer.keep_reference([key for key, _ in new], [value for _, value in new])
+            if hasattr(buffer, "keep_reference"):
+                buffer.keep_reference([key for key, _ in new], [value for _, value in new])
         done = set(computed_keys)
         stored = [key for key in batch.keys if key in cached and key not in done]
         if stored:
@@ -177,6 +188,7 @@ class ReferenceMixin:
                 raise RuntimeError(f"{len(refs)} reference workers for {len(actors)} actor workers")
             shards = [w.__ray_call__.remote(_actor_shards) for w in actors]
             ray.get([w.__ray_call__.remote(_update_reference, s, keep) for w, s in zip(refs, shards)])
+        self.reference_version += 1
         if hasattr(self.replay_buffer, "reference_changed"):  # the stored reference log-probs are now stale
             self.replay_buffer.reference_changed()
         logger.info("tba: reference updated from the policy after update %d (keep %.3g)",
@@ -191,6 +203,8 @@ class ReferenceMixin:
     def _restore_reference(self, folder: str) -> None:
         if not self.use_reference_policy:
             return
+        if self._reference_moved(self.global_steps):  # resumed after a reset: no longer the initial model
+            self.reference_version = max(self.reference_version, 1)
         reference = os.path.join(folder, REFERENCE_DIR)
         if os.path.isdir(reference):
             ray.get([w.__ray_call__.remote(_load_reference_shard, reference) for w in self.ref_policy_wg.workers])
@@ -201,6 +215,20 @@ class ReferenceMixin:
                   "the resumed run's KL anchor is the initial model", file=sys.stderr, flush=True)
             if hasattr(self.replay_buffer, "reference_changed"):  # stored log-probs are of the lost reference
                 self.replay_buffer.reference_changed()
+
+
+def _searcher_reference(batch: KVBatchMeta) -> dict[str, torch.Tensor]:
+    """The rows of ``batch`` whose searcher sent the reference's log-probs with the response (verl's padding
+    rows copy another row's fields, so they and any row whose log-probs do not match its length are left out)."""
+    extras = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                             select_fields=["extra_fields"])["extra_fields"]
+    extras = extras.tolist() if hasattr(extras, "tolist") else list(extras)
+    found = {}
+    for key, tag, extra in zip(batch.keys, batch.tags, extras):
+        values = extra.get(SEARCHER_REFERENCE) if isinstance(extra, dict) else None
+        if values is not None and not tag.get("is_padding", False) and len(values) == tag.get("response_len"):
+            found[key] = torch.tensor(values, dtype=torch.float32)
+    return found
 
 
 def _cache_differences(cached: dict, computed: dict) -> dict:

@@ -16,6 +16,7 @@ Schedules and staleness count optimizer updates: a global step is ``updates_per_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -33,12 +34,15 @@ from verl.workers.utils.padding import response_to_nested
 
 from tba_ext.adapters import fused, losses
 from tba_ext.adapters.llm_client import ReferenceKeepingClient
+from tba_ext.adapters.lr_schedule import install_lr_schedule
 from tba_ext.adapters.reference import ReferenceMixin
 from tba_ext.adapters.trainer_metrics import TrainerMetricsMixin
 from tba_ext.core import tb
+from tba_ext.tasks.data import check_chat_template
 from tba_ext.core.settings import (
     check_tba_run,
     fused_update_plan,
+    scheduler_updates_per_call,
     step_folder,
     updates_per_step,
 )
@@ -75,6 +79,11 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
             self.replay_buffer.local_updates = self.parameter_sync_step
             if self.base_mode == "separate_async":  # searchers independent of the trainer: fill the initial buffer
                 self.replay_buffer.request_prompts = self._add_prompts_to_generate
+
+    def _init_dataloader(self):
+        # before verl tokenizes the prompts: with no chat template it would drop every row and train on nothing
+        check_chat_template(self.tokenizer, OmegaConf.to_container(self.config.data, resolve=True))
+        super()._init_dataloader()
 
     def on_init_end(self):
         if self.fused:  # the actor workers' loss becomes the fused TB loss (same actor config)
@@ -240,7 +249,19 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
             folder = step_folder(trainer.default_local_dir, self.global_steps)
         return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
 
+    def _install_lr_schedule(self) -> None:
+        """``tba.lr_schedule`` into the actor workers, before verl loads a checkpoint (which then restores its
+        position along with the optimizer's)."""
+        schedule = dataclasses.asdict(self.tba.lr_schedule)
+        per_call = scheduler_updates_per_call(OmegaConf.to_container(self.config, resolve=True))
+        ray.get([w.__ray_call__.remote(install_lr_schedule, schedule, per_call) for w in self.actor_rollout_wg.workers])
+        print(f"tba-ext: learning rate {schedule['name']} {schedule['warmup_updates']} / {schedule['stable_updates']}"
+              f" / {schedule['decay_updates']} updates, {schedule['decay_shape']} decay (tba.lr_schedule)", flush=True)
+
     def _load_checkpoint(self):
+        # verl calls this once, in its set-up, after the workers exist and whether or not it resumes
+        if self.tba.lr_schedule.name is not None:
+            self._install_lr_schedule()
         super()._load_checkpoint()
         if self.global_steps <= 0:
             return

@@ -26,6 +26,23 @@ class BetaSchedule:
 
 
 @dataclass
+class LRSchedule:
+    """The paper's warmup-stable-decay learning rate (HF's ``get_wsd_schedule`` with cosine decay, the reference
+    code's default), in optimizer updates: linear warmup from ``min_lr_ratio`` x peak over ``warmup_updates``, the
+    peak (verl's ``actor.optim.lr``) for ``stable_updates``, cosine decay to ``min_lr_ratio`` x peak over
+    ``decay_updates``.
+    ``name: null`` keeps verl's own schedule (``actor.optim.lr_scheduler_type``). The paper's GSM8K (Table 2):
+    50 / 450 / 500."""
+
+    name: Optional[str] = None  # "wsd" or null
+    warmup_updates: int = 0
+    stable_updates: int = 0
+    decay_updates: int = 0
+    decay_shape: str = "cosine"  # or "linear" (TRL's default schedule: warmup = stable = 0, linear decay)
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
 class ReplaySettings:
     """The TBA replay buffer and its sampler (reference spec section 2; defaults = the paper's GSM8K).
 
@@ -87,6 +104,7 @@ class TBASettings:
     ref_cache: bool = True
     # also recompute the cached rows and report the largest difference (tba/ref_cache_max_sum_diff): a check
     ref_cache_check: bool = False
+    lr_schedule: LRSchedule = field(default_factory=LRSchedule)
 
 
 def _build(cls, node: Mapping[str, Any] | None, prefix: str):
@@ -97,7 +115,7 @@ def _build(cls, node: Mapping[str, Any] | None, prefix: str):
         raise ValueError(f"unknown key(s) {', '.join(prefix + k for k in unknown)}; known: {sorted(known)}")
     kwargs = {}
     for name, value in node.items():
-        sub = {"beta": BetaSchedule}.get(name) if cls is TBASettings else None
+        sub = {"beta": BetaSchedule, "lr_schedule": LRSchedule}.get(name) if cls is TBASettings else None
         kwargs[name] = _build(sub, value, f"{prefix}{name}.") if sub else value
     return cls(**kwargs)
 
@@ -143,6 +161,15 @@ def parse_settings(node: Mapping[str, Any] | None) -> TBASettings:
         (settings.beta.anneal_steps >= 0, "tba.beta.anneal_steps must be >= 0", settings.beta.anneal_steps),
         (settings.beta.final is None or settings.beta.final > 0, "tba.beta.final must be > 0 or null",
          settings.beta.final),
+        (settings.lr_schedule.name in (None, "wsd"), "tba.lr_schedule.name must be wsd or null",
+         settings.lr_schedule.name),
+        (min(settings.lr_schedule.warmup_updates, settings.lr_schedule.stable_updates,
+             settings.lr_schedule.decay_updates) >= 0, "tba.lr_schedule.*_updates must be >= 0",
+         settings.lr_schedule),
+        (0.0 <= settings.lr_schedule.min_lr_ratio <= 1.0, "tba.lr_schedule.min_lr_ratio must be in [0, 1]",
+         settings.lr_schedule.min_lr_ratio),
+        (settings.lr_schedule.decay_shape in ("cosine", "linear"), "tba.lr_schedule.decay_shape must be cosine or "
+         "linear", settings.lr_schedule.decay_shape),
     ]
     for ok, message, value in checks:
         if not ok:
@@ -337,8 +364,34 @@ def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings |
     replay = check_replay_run(cfg)
     check_reference_updates(cfg, settings)
     check_searcher_queue(cfg, settings)
+    check_lr_schedule(cfg, settings)
     fused_update_plan(cfg, settings)
     return settings, replay
+
+
+def check_lr_schedule(cfg: Mapping[str, Any], settings: TBASettings) -> None:
+    """``tba.lr_schedule`` replaces the actor's scheduler in its FSDP engine; verl's own warmup and schedule
+    would be silently overridden, so they must be left at their defaults."""
+    if settings.lr_schedule.name is None:
+        return
+    actor = cfg["actor_rollout_ref"]["actor"]
+    if actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2"):
+        raise ValueError(f"tba.lr_schedule replaces the FSDP engine's scheduler; actor_rollout_ref.actor.strategy="
+                         f"{actor.get('strategy')} keeps its own: set tba.lr_schedule.name=null")
+    optim = actor.get("optim") or {}
+    if optim.get("lr_scheduler_type", "constant") != "constant" or (optim.get("lr_warmup_steps") or -1) > 0 \
+            or (optim.get("lr_warmup_steps_ratio") or 0.0) > 0:
+        raise ValueError("tba.lr_schedule sets the warmup and decay itself: leave actor_rollout_ref.actor.optim."
+                         "lr_scheduler_type=constant with no lr_warmup_steps / lr_warmup_steps_ratio")
+
+
+def scheduler_updates_per_call(cfg: Mapping[str, Any]) -> int:
+    """Optimizer updates per verl scheduler step: verl steps the actor's scheduler once per ``update_actor`` call,
+    which is one per global step, or one per local update in separate_async."""
+    mode = cfg["trainer"].get("v1", {}).get("trainer_mode", "")
+    calls = int(cfg["trainer"]["v1"]["separate_async"]["parameter_sync_step"]) if mode.endswith("separate_async") \
+        else 1
+    return updates_per_step(cfg) // calls
 
 
 # TBA' clamps pi_theta / pi_rollout at this value unless actor_rollout_ref.actor.policy_loss.is_ratio_max says

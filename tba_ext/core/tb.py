@@ -129,6 +129,24 @@ def beta_at_step(step: int, beta_init: float, beta_final: float | None, anneal_s
     return float(beta_final * frac + beta_init * (1.0 - frac))
 
 
+def wsd_lr_ratio(updates_done: int, warmup: int, stable: int, decay: int, min_ratio: float = 0.0,
+                 decay_shape: str = "cosine") -> float:
+    """Warmup-stable-decay learning-rate factor after ``updates_done`` optimizer updates (the reference code's
+    ``lr_scheduler_type=warmup_stable_decay``, HF's ``get_wsd_schedule``): linear from min_ratio to 1 over
+    ``warmup``, 1 for ``stable``, then down to min_ratio over ``decay``: min_ratio + (1 - min_ratio) d(p) with p the
+    fraction of ``decay`` done, d = (1 + cos(pi p)) / 2 (cosine) or 1 - p (linear); min_ratio after it. HF's
+    ``linear`` schedule without warmup (TRL's default) is warmup = stable = 0 with a linear decay."""
+    if updates_done < warmup:
+        return min_ratio + (1.0 - min_ratio) * updates_done / max(1, warmup)
+    if updates_done < warmup + stable:
+        return 1.0
+    if updates_done < warmup + stable + decay:
+        progress = (updates_done - warmup - stable) / decay
+        shape = 0.5 * (1.0 + float(np.cos(np.pi * progress))) if decay_shape == "cosine" else 1.0 - progress
+        return min_ratio + (1.0 - min_ratio) * shape
+    return min_ratio
+
+
 def first_update(global_step: int, updates_per_step: int) -> int:
     """The optimizer update (from 1) that opens verl global step ``global_step`` (from 1)."""
     return (max(global_step, 1) - 1) * updates_per_step + 1

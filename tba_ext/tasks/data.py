@@ -101,3 +101,22 @@ def check_dataset(path: str, key: str, prompt_key: str = "prompt", reward_kwargs
         for kwarg in REQUIRED_REWARD_KWARGS.get(source, ()):
             check_model_path((reward_kwargs or {}).get(kwarg), kwarg)
     return len(frame)
+
+
+# verl applies the tokenizer's chat template to every prompt (when it filters the dataset and in the agent loop)
+# and drops a row where that fails. For a model without one (GPT-2, Pythia, RhoMath SFT) this template, given
+# as ``data.apply_chat_template_kwargs.chat_template``, makes the prompt the messages' text as it is: the task
+# builders write the paper's raw prompt formats into the message content.
+RAW_PROMPT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+CHAT_TEMPLATE_KEY = "data.apply_chat_template_kwargs.chat_template"
+
+
+def check_chat_template(tokenizer, data_config: dict) -> None:
+    """Refuse a chat-formatted dataset meeting a tokenizer with no chat template and no template in the config:
+    verl would drop every row while filtering and train on an empty dataset."""
+    template = (data_config.get("apply_chat_template_kwargs") or {}).get("chat_template")
+    if template is None and getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"the tokenizer has no chat template and {CHAT_TEMPLATE_KEY} is unset: verl would drop every prompt. "
+            f"Set {CHAT_TEMPLATE_KEY} to the model's prompt format, e.g. the raw text of the messages: "
+            f"'{RAW_PROMPT_TEMPLATE}' (tba_ext.tasks.data.RAW_PROMPT_TEMPLATE)")

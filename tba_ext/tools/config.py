@@ -9,6 +9,9 @@ from importlib import resources
 from omegaconf import OmegaConf
 
 CONFIG_DIR = str(resources.files("tba_ext") / "configs")
+# the GPU configs (verl + vLLM, multi-node): primary configs carrying their own hydra.searchpath; ``configs/`` in
+# the repository links here
+GPU_CONFIG_DIR = os.path.join(CONFIG_DIR, "gpu")
 
 
 # verl's configs are found through the search path given at launch (hydra only takes one from the primary config
@@ -24,6 +27,8 @@ def config_location(config: str) -> tuple[str, str, list[str]]:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"--config: no such file: {path}")
         return os.path.dirname(path), os.path.splitext(os.path.basename(path))[0], [USER_CONFIG_SEARCHPATH]
+    if os.path.exists(os.path.join(GPU_CONFIG_DIR, f"{config}.yaml")) and not config.startswith("_"):
+        return GPU_CONFIG_DIR, config, [USER_CONFIG_SEARCHPATH]
     if not os.path.exists(os.path.join(CONFIG_DIR, f"{config}.yaml")):
         raise ValueError(f"unknown config {config!r}; tba-ext ships: {', '.join(list_configs())} "
                          "(or give a path to your own YAML)")
@@ -41,8 +46,17 @@ def compose(config_name: str, overrides: list[str]):
         return hydra_compose(config_name=name, overrides=[*extra, *overrides])
 
 
-def list_configs() -> list[str]:
-    return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+def list_configs(gpu: bool = True) -> list[str]:
+    """The CPU configs, then (``gpu``) the GPU ones."""
+    def names(folder):
+        return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_"))
+    return names(CONFIG_DIR) + (names(GPU_CONFIG_DIR) if gpu else [])
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
 
 
 def preflight(cfg) -> None:
@@ -51,11 +65,12 @@ def preflight(cfg) -> None:
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
     from tba_ext.tools.models import check_model_dir
-    from tba_ext.tasks.data import check_dataset
+    from tba_ext.tasks.data import check_chat_template, check_dataset
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     check_tba_run(plain)
     check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
+    check_chat_template(load_tokenizer(plain["actor_rollout_ref"]["model"]["path"]), plain["data"])
     reward_kwargs = (plain["reward"].get("custom_reward_function") or {}).get("reward_kwargs") or {}
     for key in ("train_files", "val_files"):
         files = plain["data"][key]
