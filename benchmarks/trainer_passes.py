@@ -42,6 +42,8 @@ CONFIGS = {
 def extra_args(parser):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--size", default="small")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                        help="a subset (the ratios need their pairs: *_three_call, drgrpo)")
 
 
 def one_run(run_dir, name, config, overrides, steps, repeat):
@@ -71,8 +73,8 @@ def main():
     args = parse_args("trainer_passes", steps=21, extra=extra_args)
     run_dir = prepare_run(args.run_dir, train_size=512, size=args.size)
     meta = provenance()
-    runs = {name: [] for name in CONFIGS}
-    names = list(CONFIGS)
+    names = list(args.configs)
+    runs = {name: [] for name in names}
     for repeat in range(args.repeats):
         for name in names[repeat % len(names):] + names[:repeat % len(names)]:
             config, overrides = CONFIGS[name]
@@ -88,16 +90,20 @@ def main():
                for name, rs in runs.items()}
 
     def ratio(a, b):
+        if a not in summary or b not in summary:
+            return None
         return summary[a]["trainer_s"]["median"] / summary[b]["trainer_s"]["median"]
 
+    def calls(name):
+        return summary[name]["trainer_calls_per_update"] if name in summary else None
+
     result = {
-        "how": f"benchmarks/trainer_passes.py: {args.repeats} repeats x {len(CONFIGS)} configurations, "
+        "how": f"benchmarks/trainer_passes.py: {args.repeats} repeats x {len(names)} configurations, "
                f"{args.size} model, {args.steps} global steps of 1 update (first not measured), tba_sync, arith task",
         "provenance": meta,
-        "worker_calls_per_update": {"tb": summary["tb_fused_searcher_ref"]["trainer_calls_per_update"],
-                                    "tb_pg": summary["tb_pg_fused_searcher_ref"]["trainer_calls_per_update"],
-                                    "tb_trainer_reference": summary["tb_fused"]["trainer_calls_per_update"],
-                                    "tb_pg_trainer_reference": summary["tb_pg_fused"]["trainer_calls_per_update"]},
+        "worker_calls_per_update": {"tb": calls("tb_fused_searcher_ref"), "tb_pg": calls("tb_pg_fused_searcher_ref"),
+                                    "tb_trainer_reference": calls("tb_fused"),
+                                    "tb_pg_trainer_reference": calls("tb_pg_fused")},
         "trainer_s_vs_three_call": {"tb": ratio("tb_fused_searcher_ref", "tb_three_call"),
                                     "tb_pg": ratio("tb_pg_fused_searcher_ref", "tb_pg_three_call"),
                                     "tb_trainer_reference": ratio("tb_fused", "tb_three_call"),
@@ -115,9 +121,8 @@ def main():
         t = s["trainer_s"]
         print(f"{name:<26} {t['median']:9.3f} [{t['min']:.3f}, {t['max']:.3f}] {s['trainer_calls_per_update']:6g} "
               f"{s['forward_units_per_trajectory']:6g} {s['gen_s']['median']:7.3f}")
-    print(f"fused / three-call: tb {result['trainer_s_vs_three_call']['tb']:.2f}, tb_pg "
-          f"{result['trainer_s_vs_three_call']['tb_pg']:.2f}; fused / Dr. GRPO: tb {result['trainer_s_vs_drgrpo']['tb']:.2f}"
-          f", tb_pg {result['trainer_s_vs_drgrpo']['tb_pg']:.2f}")
+    for key in ("worker_calls_per_update", "trainer_s_vs_three_call", "trainer_s_vs_drgrpo"):
+        print(f"{key}: " + ", ".join(f"{k} {v:.3g}" for k, v in result[key].items() if v is not None))
     plot(summary, args.out.replace(".json", ".png"))
     print(f"wrote {args.out}")
 

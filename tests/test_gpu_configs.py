@@ -102,3 +102,16 @@ def test_tldr_scores_with_verls_reward_model_and_redteam_with_its_scorers():
     redteam = load("tba_gpt2_redteam")["reward"]["custom_reward_function"]
     assert redteam["path"] == "pkg://tba_ext.tasks.rewards"
     assert {"victim_model_path", "toxicity_model_path"} <= set(redteam["reward_kwargs"])
+
+
+@pytest.mark.parametrize("name", ["tba_qwen2.5-7b_math_megatron", "drgrpo_qwen2.5-7b_math_megatron"])
+def test_the_math_configs_reward_function_scores_math_rows(name):
+    """verl loads reward.custom_reward_function and calls it on every validation row before training: MATH
+    rows (tba-ext's prepare-data and verl's own MATH sources) must get a score, not an error."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    cfg = tba_compose(name, [])
+    score = get_custom_reward_fn(cfg)  # as verl loads it
+    for source in ("tba_ext/math", "HuggingFaceH4/MATH-500"):
+        assert score(source, "so the answer is \\boxed{\\frac{1}{2}}", "0.5", {}) == 1.0
+        assert score(source, "so the answer is \\boxed{2}", "0.5", {}) == 0.0

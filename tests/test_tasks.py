@@ -160,3 +160,46 @@ def test_a_tokenizer_without_a_chat_template_gets_the_raw_prompt_or_a_refusal(ti
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              chat_template=RAW_PROMPT_TEMPLATE)
     assert rendered == messages[0]["content"]  # the paper's prompt format, no chat tokens
+
+
+def test_prepare_math_reads_the_release_math500_and_parquet_layouts_and_grades_the_boxed_answer(tmp_path):
+    import json
+
+    from tba_ext.tasks.hendrycks_math import INSTRUCTION
+
+    problems = [  # (problem, solution with a boxed answer)
+        ("What is $1/2 + 1/4$?", "We add: $\\frac{1}{2}+\\frac{1}{4}=\\boxed{\\frac{3}{4}}$."),
+        ("Solve $x^2 = 9$ for $x > 0$.", "So $x = \\boxed{3}$."),
+    ]
+    release = tmp_path / "MATH"
+    for split in ("train", "test"):
+        for i, (problem, solution) in enumerate(problems):
+            folder = release / split / "algebra"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i}.json").write_text(json.dumps({"problem": problem, "level": "Level 1", "type": "Algebra",
+                                                          "solution": solution}))
+    math500 = tmp_path / "MATH-500"
+    math500.mkdir()
+    for split in ("train", "test"):
+        (math500 / f"{split}.jsonl").write_text("\n".join(json.dumps({"problem": p, "solution": s, "answer": a})
+                                                          for (p, s), a in zip(problems, ["\\frac34", "3"])))
+    parquet = tmp_path / "lighteval" / "data"
+    parquet.mkdir(parents=True)
+    for split in ("train", "test"):
+        pd.DataFrame([{"problem": p, "solution": s} for p, s in problems]).to_parquet(
+            parquet / f"{split}-00000-of-00001.parquet")
+    for source in (release, math500, parquet.parent):
+        write_task("math", str(tmp_path / "out"), 2, 2, 0, source=str(source))
+        rows = pd.read_parquet(tmp_path / "out" / "train.parquet")
+        assert len(rows) == 2 and set(rows["data_source"]) == {"tba_ext/math"}
+        assert rows["prompt"][0][0]["content"].endswith(INSTRUCTION)
+        golds = list(rows["reward_model"].map(lambda r: r["ground_truth"]))
+        assert compute_score("tba_ext/math", "It is \\boxed{0.75}.", golds[0]) == 1.0  # 3/4 by math-verify
+        assert compute_score("tba_ext/math", "It is \\boxed{0.7}.", golds[0]) == 0.0
+        assert compute_score("tba_ext/math", "so \\boxed{3}", golds[1]) == 1.0
+    # verl's own MATH data sources are graded the same way
+    assert compute_score("HuggingFaceH4/MATH-500", "\\boxed{\\frac{6}{8}}", "\\frac{3}{4}") == 1.0
+    # a record without an answer is refused with its file and row
+    (math500 / "train.jsonl").write_text(json.dumps({"problem": "p", "solution": "no box here"}))
+    with pytest.raises(ValueError, match=r"train\.jsonl row 1: no 'answer' and no \\boxed"):
+        write_task("math", str(tmp_path / "bad"), 2, 2, 0, source=str(math500))

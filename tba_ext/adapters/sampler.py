@@ -10,8 +10,10 @@ verl deletes every trajectory it trains on (trainer_base.py:511). Each ``sample`
 2. moves finished groups out of TransferQueue into the ``TrajectoryStore`` in compact form (``rows``): the
    oldest B (verl's order) by default, every finished one when ``min_fresh_groups`` is set;
 3. draws B groups of K = ``rollout.n`` with ``ReplaySampler`` and writes them back under fresh
-   ``{uid}_{session}_{idx}`` keys, one new uid per group, so verl recomputes old and reference log-probs for
-   the current policy; ``rollout_log_probs`` stay the searcher's, for TBA's importance ratio.
+   ``{uid}_{session}_{idx}`` keys, one new uid per group (the training forward sees the current policy);
+   ``rollout_log_probs`` stay the searcher's, for TBA's importance ratio, and the trajectories' stored reference
+   log-probs are served for the trainer's reference pass (``cached_reference`` / ``keep_reference``, kept per
+   reference version; ``tba_ext.adapters.reference``).
 Versions and staleness are counted in optimizer updates: a trajectory generated with the weights of global
 step g carries version g x ``updates_per_version`` (set by the tba_* trainer modes: k in separate_async), and
 the trainer's version at a sample is the updates applied before it, local updates included (``local_update``,

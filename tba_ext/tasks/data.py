@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-TASKS = ("arith", "arith20", "gsm_symbolic", "gsm8k", "tldr", "redteam")
+TASKS = ("arith", "arith20", "gsm_symbolic", "gsm8k", "math", "tldr", "redteam")
 
 
 def rows_for(task: str, split: str, size: int, seed: int, source: str | None = None) -> list[dict]:
@@ -23,6 +23,13 @@ def rows_for(task: str, split: str, size: int, seed: int, source: str | None = N
         if not source:
             raise ValueError("task gsm8k reads a user-supplied copy: pass --source DIR (jsonl or parquet)")
         return gsm8k.load_rows(source, split, size)
+    if task == "math":
+        from tba_ext.tasks import hendrycks_math
+
+        if not source:
+            raise ValueError("task math reads a user-supplied copy: pass --source DIR (the MATH release, MATH-500 "
+                             "jsonl or parquet)")
+        return hendrycks_math.load_rows(source, split, size)
     if task == "tldr":
         from tba_ext.tasks import tldr
 

@@ -8,6 +8,8 @@ Model-scored tasks read their models from reward_kwargs: TL;DR ``reward_model_pa
 
 from __future__ import annotations
 
+from tba_ext.tasks.hendrycks_math import DATA_SOURCE as MATH_SOURCE
+from tba_ext.tasks.hendrycks_math import VERL_MATH_SOURCES
 from tba_ext.tasks.numbers import NUMBER, last_number, numbers_equal  # noqa: F401 (last_number: public)
 
 
@@ -24,6 +26,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         from tba_ext.tasks.gsm8k import gsm8k_score
 
         return gsm8k_score(solution_str, ground_truth, rule=(extra_info or {}).get("grading", "math_verify"))
+    if data_source == MATH_SOURCE or data_source in VERL_MATH_SOURCES:
+        from tba_ext.tasks.hendrycks_math import math_score
+
+        return math_score(solution_str, ground_truth)
     if data_source == "tba_ext/tldr":
         from tba_ext.tasks.scorers import check_model_path, reward_model_scores
         from tba_ext.tasks.tldr import rm_text
