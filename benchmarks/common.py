@@ -1,4 +1,5 @@
-"""What the verl-launching benchmarks share: their command line and a prepared run folder (arith task)."""
+"""What the verl-launching benchmarks share: their command line, a prepared run folder (arith task unless told)
+and provenance."""
 
 import argparse
 import datetime
@@ -25,12 +26,13 @@ def parse_args(name: str, steps: int, extra=None):
     return parser.parse_args()
 
 
-def prepare_run(run_dir: str, train_size: int, size: str = "tiny", warm_steps: int = 150) -> str:
-    """An offline model (warm-started unless ``warm_steps`` is 0, then in ``model/``) and the arith task."""
+def prepare_run(run_dir: str, train_size: int, size: str = "tiny", warm_steps: int = 150, task: str = "arith") -> str:
+    """An offline model (warm-started unless ``warm_steps`` is 0, then in ``model/``) and a task (arith unless
+    told)."""
     run = os.path.abspath(run_dir)
     init = f"{run}/model_init" if warm_steps else f"{run}/model"
-    make_model(init, corpus_for("arith", 0), ModelSpec(size=size, seed=0))
-    write_task("arith", f"{run}/data", train_size, 64, 0)
+    make_model(init, corpus_for(task, 0), ModelSpec(size=size, seed=0))
+    write_task(task, f"{run}/data", train_size, 64, 0)
     if warm_steps:
         warm_start(init, f"{run}/data/train.parquet", f"{run}/model", steps=warm_steps, log_every=0)
     return run

@@ -95,6 +95,7 @@ def cmd_compare(args) -> int:
 
 
 def main(argv=None) -> int:
+    from tba_ext.tasks.data import TASKS
     warnings.filterwarnings("ignore", message=VERL_ENGINE_WARNING, category=UserWarning)
     parser = argparse.ArgumentParser(prog="tba-ext", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,18 +106,18 @@ def main(argv=None) -> int:
     p = sub.add_parser("make-model", help="build a Qwen2-architecture model and BPE tokenizer offline")
     p.add_argument("--out", required=True)
     p.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
-    p.add_argument("--task", default="arith")
+    p.add_argument("--task", default="arith", choices=TASKS)
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--head", default="lm", choices=["lm", "reward", "toxicity"],
                    help="lm: the policy; reward / toxicity: a scorer for the tldr / redteam tasks")
-    p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, tldr)")
+    p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, math, tldr)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_model)
 
     p = sub.add_parser("prepare-data", help="write a task's train/test parquet files in verl's format")
-    p.add_argument("--task", default="arith", help="arith | gsm_symbolic | gsm8k | tldr | redteam")
+    p.add_argument("--task", default="arith", choices=TASKS)
     p.add_argument("--out", required=True)
-    p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, tldr)")
+    p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, math, tldr)")
     p.add_argument("--train-size", type=int, default=2000)
     p.add_argument("--test-size", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)

@@ -16,6 +16,23 @@ def test_arith_reward():
     assert compute_score("tba_ext/arith", "7", "7") == 1.0
 
 
+def test_arith_worked_rows_end_in_their_answer(tmp_path):
+    """The generation-bound CPU task: each SFT target is a worked answer whose last number is the sum (so the
+    reward grades it 1), a wrong last number grades 0, and the held-out split stays the arith one."""
+    summary = write_task("arith_worked", str(tmp_path), train_size=50, test_size=10, seed=0)
+    for split in ("train", "test"):
+        for row in pd.read_parquet(summary[split]["path"]).itertuples():
+            a, b = map(int, row.prompt[0]["content"].split("=?")[0].split("+"))
+            answer = row.extra_info["answer_text"]
+            assert row.data_source == "tba_ext/arith_worked" and row.reward_model["ground_truth"] == str(a + b)
+            assert answer.count("+1=") == b  # one counting step per unit added
+            assert compute_score(row.data_source, answer, str(a + b)) == 1.0
+            assert compute_score(row.data_source, answer + " or 99", str(a + b)) == 0.0
+    arith = write_task("arith", str(tmp_path / "arith"), train_size=50, test_size=10, seed=0)
+    questions = lambda p: set(pd.read_parquet(p)["prompt"].map(lambda m: m[0]["content"].split("=?")[0]))  # noqa: E731
+    assert questions(summary["test"]["path"]) == questions(arith["test"]["path"])
+
+
 def test_last_number_rule():
     assert last_number("so 3 apples and 1,200 pears") == "1200"
     assert last_number("no digits") is None

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 
-TASKS = ("arith", "arith20", "gsm_symbolic", "gsm8k", "math", "tldr", "redteam")
+from tba_ext.tasks import arith
+
+TASKS = ("arith", "arith20", "arith_worked", "gsm_symbolic", "gsm8k", "math", "tldr", "redteam")
 
 
 def rows_for(task: str, split: str, size: int, seed: int, source: str | None = None) -> list[dict]:
-    if task in ("arith", "arith20"):
-        from tba_ext.tasks import arith
-
+    if task in arith.MAX_OPERAND:
         problems = arith.make_problems(size, seed=seed, split=split, max_operand=arith.MAX_OPERAND[task])
-        return [arith.to_verl_row(p, split, i) for i, p in enumerate(problems)]
+        return [arith.to_verl_row(p, split, i, worked=task == "arith_worked") for i, p in enumerate(problems)]
     if task == "gsm_symbolic":
         from tba_ext.tasks import gsm8k
 
@@ -62,12 +62,11 @@ def write_task(task: str, out: str, train_size: int, test_size: int, seed: int, 
 
 def corpus_for(task: str, seed: int, source: str | None = None) -> list[str]:
     """Tokenizer training text for a task: its prompts and answers in chat form."""
-    if task in ("arith", "arith20"):
-        from tba_ext.tasks import arith
-
+    if task in arith.MAX_OPERAND:
         top = arith.MAX_OPERAND[task]
         return arith.corpus(arith.make_problems(5000, seed=seed, max_operand=top)
-                            + arith.make_problems(500, seed=seed, split="test", max_operand=top))
+                            + arith.make_problems(500, seed=seed, split="test", max_operand=top),
+                            worked=task == "arith_worked")
     rows = rows_for(task, "train", 2000, seed, source)
     return [r["prompt"][0]["content"] + "\n" + r["extra_info"].get("answer_text", "") for r in rows]
 

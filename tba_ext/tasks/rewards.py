@@ -22,6 +22,8 @@ def arith_score(solution_str: str, ground_truth: str) -> float:
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
     if data_source == "tba_ext/arith":
         return arith_score(solution_str, ground_truth)
+    if data_source == "tba_ext/arith_worked":  # the worked answer's last number, as the reference's GSM8K rule
+        return 1.0 if numbers_equal(last_number(solution_str), ground_truth) else 0.0
     if data_source in ("openai/gsm8k", "tba_ext/gsm8k", "tba_ext/gsm_symbolic"):
         from tba_ext.tasks.gsm8k import gsm8k_score
 
