@@ -38,18 +38,22 @@ import threading
 import time
 
 import psutil
+from common import DAEMON_KINDS, parse_args, prepare_run, process_kind, provenance, same_process_kind
 
 from tba_ext.tools import report
 from tba_ext.tools.launch import run_verl
 from tba_ext.tools.processes import children, cmdline, session_pids
 
-from common import DAEMON_KINDS, parse_args, prepare_run, process_kind, provenance, same_process_kind
-
 # regime -> (task, max_response_length)
 REGIMES = {"short": ("arith", 8), "generation_bound": ("arith_worked", 64)}
 
-SYNC_PHASES = ("abort_replicas", "release_kv_cache_replicas", "build_process_group", "resume_kv_cache_replicas",
-               "resume_generation_replicas")
+SYNC_PHASES = (
+    "abort_replicas",
+    "release_kv_cache_replicas",
+    "build_process_group",
+    "resume_kv_cache_replicas",
+    "resume_generation_replicas",
+)
 
 
 def extra_args(parser):
@@ -59,16 +63,23 @@ def extra_args(parser):
     parser.add_argument("--paced", type=int, nargs="*", default=[1], help="searcher counts also run paced")
     parser.add_argument("--size", default="small")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per optimizer update")
-    parser.add_argument("--sync-every", type=int, default=2,
-                        help="k: optimizer updates per global step (sync) and per weight sync (decoupled)")
+    parser.add_argument(
+        "--sync-every",
+        type=int,
+        default=2,
+        help="k: optimizer updates per global step (sync) and per weight sync (decoupled)",
+    )
 
 
 def configurations(searchers, paced, prompts, sync_every):
     yield "sync", "cpu_tba", ["trainer.v1.trainer_mode=tba_sync"]
     for n in sorted(set(searchers) | set(paced)):
-        replicas = [f"actor_rollout_ref.rollout.n_gpus_per_node={n}", f"ray_kwargs.ray_init.num_gpus={n + 1}",
-                    f"trainer.v1.separate_async.parameter_sync_step={sync_every}",
-                    f"tba.searcher_queue_prompts={4 * prompts}"]  # four updates' prompts queued
+        replicas = [
+            f"actor_rollout_ref.rollout.n_gpus_per_node={n}",
+            f"ray_kwargs.ray_init.num_gpus={n + 1}",
+            f"trainer.v1.separate_async.parameter_sync_step={sync_every}",
+            f"tba.searcher_queue_prompts={4 * prompts}",
+        ]  # four updates' prompts queued
         if n in searchers:
             yield f"decoupled_{n}", "cpu_tba_decoupled", replicas
         if n in paced:
@@ -76,10 +87,17 @@ def configurations(searchers, paced, prompts, sync_every):
 
 
 # Which part of a run a process is, from its kind (``common.process_kind``: the actor class in Ray's title)
-ROLES = (("WorkerDict", "trainer workers"), ("TaskRunner", "trainer loop"), ("HFCPUServer", "searcher model"),
-         ("vLLM", "searcher model"), ("AgentLoopWorker", "agent loop"), ("RewardLoopWorker", "reward loop"),
-         ("GlobalRequestLoadBalancer", "load balancer"), ("TransferQueue", "TransferQueue"),
-         ("SimpleStorageUnit", "TransferQueue"))
+ROLES = (
+    ("WorkerDict", "trainer workers"),
+    ("TaskRunner", "trainer loop"),
+    ("HFCPUServer", "searcher model"),
+    ("vLLM", "searcher model"),
+    ("AgentLoopWorker", "agent loop"),
+    ("RewardLoopWorker", "reward loop"),
+    ("GlobalRequestLoadBalancer", "load balancer"),
+    ("TransferQueue", "TransferQueue"),
+    ("SimpleStorageUnit", "TransferQueue"),
+)
 OTHER_RAY, SYSTEM = "other Ray actors", "Ray system, driver"
 ROLE_ORDER = list(dict.fromkeys([role for _, role in ROLES] + [OTHER_RAY, SYSTEM]))  # trainer side first
 
@@ -187,8 +205,12 @@ def measure(records: list[dict], updates_per_step: int) -> dict:
     gen = sum(x["timing_s/gen"] for x in d)
     sync = sum(x.get("tba/weight_sync_s", 0.0) for x in d)
     out = {
-        "wall_s": step, "gen_s": gen, "train_s": step - gen, "trainer_idle_ratio": gen / step,
-        "weight_sync_s_per_step": sync / len(d), "weight_sync_share": sync / step,
+        "wall_s": step,
+        "gen_s": gen,
+        "train_s": step - gen,
+        "trainer_idle_ratio": gen / step,
+        "weight_sync_s_per_step": sync / len(d),
+        "weight_sync_share": sync / step,
         "updates": updates_per_step * len(d),
     }
     idle = [x["tba/searcher_idle_ratio"] for x in d if "tba/searcher_idle_ratio" in x]
@@ -196,9 +218,18 @@ def measure(records: list[dict], updates_per_step: int) -> dict:
         out["searcher_idle_ratio"] = statistics.mean(idle)
     phases = {name: sum(x.get(f"tba/weight_sync/{name}_s", 0.0) for x in d) / len(d) for name in SYNC_PHASES}
     if any(phases.values()):
-        out["weight_sync_phases_s_per_step"] = {**phases, "transfer": out["weight_sync_s_per_step"] - sum(phases.values())}
-    for key in ("tba/trajectories_generated_per_s", "tba/trajectories_consumed_per_s", "replay/unseen_group_frac",
-                "replay/staleness_mean", "tba/searcher_prompts_ahead", "response_length/mean"):
+        out["weight_sync_phases_s_per_step"] = {
+            **phases,
+            "transfer": out["weight_sync_s_per_step"] - sum(phases.values()),
+        }
+    for key in (
+        "tba/trajectories_generated_per_s",
+        "tba/trajectories_consumed_per_s",
+        "replay/unseen_group_frac",
+        "replay/staleness_mean",
+        "tba/searcher_prompts_ahead",
+        "response_length/mean",
+    ):
         values = [x[key] for x in d if key in x]
         if values:
             name = "response_length_mean" if key == "response_length/mean" else key.split("/")[-1]
@@ -216,9 +247,13 @@ def main():
     task, response_length = REGIMES[args.regime]
     run = prepare_run(f"{args.run_dir}/{args.regime}", train_size=2000, size=args.size, task=task)
     k = args.sync_every
-    common = [f"run_dir={run}", f"trainer.total_training_steps={args.steps}", f"data.train_batch_size={k * args.prompts}",
-              f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
-              f"data.max_response_length={response_length}"]
+    common = [
+        f"run_dir={run}",
+        f"trainer.total_training_steps={args.steps}",
+        f"data.train_batch_size={k * args.prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        f"data.max_response_length={response_length}",
+    ]
     runs: dict[str, list] = {}
     for repeat in range(args.repeats):
         for name, config, extra in configurations(args.searchers, args.paced, args.prompts, k):
@@ -235,35 +270,66 @@ def main():
             r["cpu_s_per_update_by_role"] = {role: sec / r["updates"] for role, sec in roles.items()}
             r["trainer_runqueue_wait_share"] = wait_s / window_s
             runs.setdefault(name, []).append(r)
-            print(f"   wall {r['wall_s']:.1f} s, trainer idle {r['trainer_idle_ratio']:.2f}, "
-                  f"{r['cores_busy']:.2f} of {psutil.cpu_count()} cores busy", flush=True)
+            print(
+                f"   wall {r['wall_s']:.1f} s, trainer idle {r['trainer_idle_ratio']:.2f}, "
+                f"{r['cores_busy']:.2f} of {psutil.cpu_count()} cores busy",
+                flush=True,
+            )
     sync_wall = statistics.median(r["wall_s"] for r in runs["sync"])
     sync_gen = statistics.median(r["gen_s"] for r in runs["sync"])
     sync_train = statistics.median(r["train_s"] for r in runs["sync"])
     sync_cores = statistics.median(r["cores_busy"] for r in runs["sync"])
     sync_cpu = statistics.median(r["cpu_s_per_update"] for r in runs["sync"])
-    result = {"regime": args.regime, "task": task, "max_response_length": response_length,
-              "prompts_per_update": args.prompts, "updates_per_sync": k, "steps_measured": args.steps - 1,
-              "updates_measured": k * (args.steps - 1), "model": args.size, "repeats": args.repeats,
-              "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train), "cores": psutil.cpu_count(),
-              # the fastest any overlap could make the sync run's CPU work on these cores
-              "cpu_bound_ceiling": psutil.cpu_count() / sync_cores,
-              "generation_share": sync_gen / sync_wall, "configurations": {}}
+    result = {
+        "regime": args.regime,
+        "task": task,
+        "max_response_length": response_length,
+        "prompts_per_update": args.prompts,
+        "updates_per_sync": k,
+        "steps_measured": args.steps - 1,
+        "updates_measured": k * (args.steps - 1),
+        "model": args.size,
+        "repeats": args.repeats,
+        "ideal_overlap": (sync_gen + sync_train) / max(sync_gen, sync_train),
+        "cores": psutil.cpu_count(),
+        # the fastest any overlap could make the sync run's CPU work on these cores
+        "cpu_bound_ceiling": psutil.cpu_count() / sync_cores,
+        "generation_share": sync_gen / sync_wall,
+        "configurations": {},
+    }
     for name, rs in runs.items():
-        summary = {key: spread([r[key] for r in rs]) for key in
-                   ("wall_s", "trainer_idle_ratio", "weight_sync_share", "weight_sync_s_per_step", "cores_busy",
-                    "cpu_s_per_update", "trainer_runqueue_wait_share")}
+        summary = {
+            key: spread([r[key] for r in rs])
+            for key in (
+                "wall_s",
+                "trainer_idle_ratio",
+                "weight_sync_share",
+                "weight_sync_s_per_step",
+                "cores_busy",
+                "cpu_s_per_update",
+                "trainer_runqueue_wait_share",
+            )
+        }
         roles = {role for r in rs for role in r["cpu_s_per_update_by_role"]}
         summary["cpu_s_per_update_by_role"] = {
-            role: statistics.median(r["cpu_s_per_update_by_role"].get(role, 0.0) for r in rs) for role in roles}
-        for key in ("searcher_idle_ratio", "trajectories_generated_per_s", "trajectories_consumed_per_s",
-                    "unseen_group_frac", "staleness_mean", "searcher_prompts_ahead", "response_length_mean"):
+            role: statistics.median(r["cpu_s_per_update_by_role"].get(role, 0.0) for r in rs) for role in roles
+        }
+        for key in (
+            "searcher_idle_ratio",
+            "trajectories_generated_per_s",
+            "trajectories_consumed_per_s",
+            "unseen_group_frac",
+            "staleness_mean",
+            "searcher_prompts_ahead",
+            "response_length_mean",
+        ):
             if all(key in r for r in rs):
                 summary[key] = spread([r[key] for r in rs])
         if all("weight_sync_phases_s_per_step" in r for r in rs):
             summary["weight_sync_phases_s_per_step"] = {
                 phase: statistics.median(r["weight_sync_phases_s_per_step"][phase] for r in rs)
-                for phase in rs[0]["weight_sync_phases_s_per_step"]}
+                for phase in rs[0]["weight_sync_phases_s_per_step"]
+            }
         if name != "sync":
             summary["speedup_vs_sync"] = sync_wall / summary["wall_s"]["median"]
             summary["speedup_vs_sync_per_repeat"] = [s["wall_s"] / d["wall_s"] for s, d in zip(runs["sync"], rs)]
@@ -272,32 +338,53 @@ def main():
             # would need
             summary["cpu_work_vs_sync"] = summary["cpu_s_per_update"]["median"] / sync_cpu
         result["configurations"][name] = summary
-    result["goals"] = {"speedup_vs_sync": 1.5, "fraction_of_ideal_overlap": 0.9, "trainer_idle_ratio": 0.1,
-                       "weight_sync_share": 0.1, "generation_share": 0.5 if args.regime == "generation_bound" else None}
+    result["goals"] = {
+        "speedup_vs_sync": 1.5,
+        "fraction_of_ideal_overlap": 0.9,
+        "trainer_idle_ratio": 0.1,
+        "weight_sync_share": 0.1,
+        "generation_share": 0.5 if args.regime == "generation_bound" else None,
+    }
     result["provenance"] = meta
     write_regime(args.out, args.regime, result)
-    print(f"{'run':<18} | {'wall s (median, min-max)':>24} | {'speedup':>7} | {'trainer idle':>12} | "
-          f"{'searcher idle':>13} | {'sync share':>10} | {'cores busy':>10} | {'CPU s/update':>12}")
+    print(
+        f"{'run':<18} | {'wall s (median, min-max)':>24} | {'speedup':>7} | {'trainer idle':>12} | "
+        f"{'searcher idle':>13} | {'sync share':>10} | {'cores busy':>10} | {'CPU s/update':>12}"
+    )
     for name, s in result["configurations"].items():
         wall = s["wall_s"]
-        print(f"{name:<18} | {wall['median']:>8.1f} ({wall['min']:.1f}-{wall['max']:.1f}) {'':>6} | "
-              f"{s.get('speedup_vs_sync', 1.0):>6.2f}x | {s['trainer_idle_ratio']['median']:>12.2f} | "
-              f"{s.get('searcher_idle_ratio', {}).get('median', float('nan')):>13.2f} | "
-              f"{s['weight_sync_share']['median']:>10.3f} | {s['cores_busy']['median']:>10.2f} | "
-              f"{s['cpu_s_per_update']['median']:>12.2f}")
-    roles = [role for role in ROLE_ORDER if any(role in s["cpu_s_per_update_by_role"]
-                                                for s in result["configurations"].values())]
-    print("CPU s per update by role (medians); trainer workers' run-queue wait: share of the wall time their "
-          "threads waited for a core")
+        print(
+            f"{name:<18} | {wall['median']:>8.1f} ({wall['min']:.1f}-{wall['max']:.1f}) {'':>6} | "
+            f"{s.get('speedup_vs_sync', 1.0):>6.2f}x | {s['trainer_idle_ratio']['median']:>12.2f} | "
+            f"{s.get('searcher_idle_ratio', {}).get('median', float('nan')):>13.2f} | "
+            f"{s['weight_sync_share']['median']:>10.3f} | {s['cores_busy']['median']:>10.2f} | "
+            f"{s['cpu_s_per_update']['median']:>12.2f}"
+        )
+    roles = [
+        role
+        for role in ROLE_ORDER
+        if any(role in s["cpu_s_per_update_by_role"] for s in result["configurations"].values())
+    ]
+    print(
+        "CPU s per update by role (medians); trainer workers' run-queue wait: share of the wall time their "
+        "threads waited for a core"
+    )
     print(f"{'run':<18} | " + " | ".join(f"{role[:14]:>14}" for role in roles) + f" | {'runqueue wait':>13}")
     for name, s in result["configurations"].items():
-        print(f"{name:<18} | " + " | ".join(f"{s['cpu_s_per_update_by_role'].get(role, 0.0):>14.3f}" for role in roles)
-              + f" | {s['trainer_runqueue_wait_share']['median']:>13.2f}")
-    print(f"{args.regime}: generation {result['generation_share']:.2f} of sync's wall; ideal overlap from the sync "
-          f"runs' own timings: {result['ideal_overlap']:.2f}x; CPU-bound ceiling ({result['cores']} cores / sync's "
-          f"busy cores): {result['cpu_bound_ceiling']:.2f}x; fraction of the ideal overlap: "
-          + ", ".join(f"{n} {s['fraction_of_ideal_overlap']:.2f}" for n, s in result["configurations"].items()
-                      if n != "sync") + f"; written to {args.out} (regimes.{args.regime})")
+        print(
+            f"{name:<18} | "
+            + " | ".join(f"{s['cpu_s_per_update_by_role'].get(role, 0.0):>14.3f}" for role in roles)
+            + f" | {s['trainer_runqueue_wait_share']['median']:>13.2f}"
+        )
+    print(
+        f"{args.regime}: generation {result['generation_share']:.2f} of sync's wall; ideal overlap from the sync "
+        f"runs' own timings: {result['ideal_overlap']:.2f}x; CPU-bound ceiling ({result['cores']} cores / sync's "
+        f"busy cores): {result['cpu_bound_ceiling']:.2f}x; fraction of the ideal overlap: "
+        + ", ".join(
+            f"{n} {s['fraction_of_ideal_overlap']:.2f}" for n, s in result["configurations"].items() if n != "sync"
+        )
+        + f"; written to {args.out} (regimes.{args.regime})"
+    )
     timeline({name: rs[0] for name, rs in runs.items()}, args.out.replace(".json", f"_{args.regime}.png"))
     cpu_by_role(result["configurations"], args.out.replace(".json", f"_{args.regime}_cpu.png"))
 
@@ -321,8 +408,11 @@ def timeline(runs, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = [("timing_s/old_log_prob", "old log-probs", "tab:blue"), ("timing_s/ref", "reference", "tab:cyan"),
-              ("timing_s/update_actor", "update", "tab:purple")]
+    stages = [
+        ("timing_s/old_log_prob", "old log-probs", "tab:blue"),
+        ("timing_s/ref", "reference", "tab:cyan"),
+        ("timing_s/update_actor", "update", "tab:purple"),
+    ]
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.9 * len(runs)), squeeze=False)
     for ax, (name, r) in zip(axes[:, 0], runs.items()):
         t = 0.0
@@ -341,8 +431,11 @@ def timeline(runs, path):
             t += step
         ax.set_yticks([1, 2], ["searchers busy", "trainer"])
         ax.set_title(name, fontsize=8)
-    fig.suptitle("trainer: waiting for data (orange), old log-probs (blue), reference (cyan), update (purple), "
-                 "other (gray), weight sync (red); searchers busy (green)", fontsize=8)
+    fig.suptitle(
+        "trainer: waiting for data (orange), old log-probs (blue), reference (cyan), update (purple), "
+        "other (gray), weight sync (red); searchers busy (green)",
+        fontsize=8,
+    )
     axes[-1, 0].set_xlabel("seconds (measured steps)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -365,11 +458,19 @@ def cpu_by_role(configurations, path):
         ax.bar(names, values, bottom=bottom, label=role, color=plt.cm.tab10(i % 10))
         bottom = [b + v for b, v in zip(bottom, values)]
     for x, name in enumerate(names):
-        ax.text(x, bottom[x], f"run-queue wait {configurations[name]['trainer_runqueue_wait_share']['median']:.2f}",
-                ha="center", va="bottom", fontsize=7)
+        ax.text(
+            x,
+            bottom[x],
+            f"run-queue wait {configurations[name]['trainer_runqueue_wait_share']['median']:.2f}",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
     ax.set_ylabel("CPU s per trained update")
-    ax.set_title("where the CPU goes (medians of repeats); label: share of wall time the trainer workers waited "
-                 "for a core", fontsize=8)
+    ax.set_title(
+        "where the CPU goes (medians of repeats); label: share of wall time the trainer workers waited for a core",
+        fontsize=8,
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -10,8 +10,8 @@ import subprocess
 
 import psutil
 
-from tba_ext.tools.models import ModelSpec, make_model
 from tba_ext.tasks.data import corpus_for, write_task
+from tba_ext.tools.models import ModelSpec, make_model
 from tba_ext.tools.warmstart import warm_start
 
 
@@ -76,9 +76,20 @@ def provenance() -> dict:
             return None
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True).stdout.strip())
-    return {"commit": commit, "dirty": dirty, "tba_ext": version("tba-ext"), "verl": version("verl"),
-            "torch": version("torch"), "python": platform.python_version(), "cores": os.cpu_count(),
-            "machine": platform.machine(), "load_avg_1m_at_start": os.getloadavg()[0],
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        ).stdout.strip()
+    )
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "tba_ext": version("tba-ext"),
+        "verl": version("verl"),
+        "torch": version("torch"),
+        "python": platform.python_version(),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "load_avg_1m_at_start": os.getloadavg()[0],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }

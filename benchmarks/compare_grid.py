@@ -30,8 +30,15 @@ def main():
     if args.merge:
         merge(args.merge, args.run_dir, args.out)
         return
-    compare(args.run_dir, seeds=args.seeds, staleness=args.staleness, methods=args.methods, steps=args.steps,
-            eval_every=args.eval_every, results_path=args.out)
+    compare(
+        args.run_dir,
+        seeds=args.seeds,
+        staleness=args.staleness,
+        methods=args.methods,
+        steps=args.steps,
+        eval_every=args.eval_every,
+        results_path=args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -49,10 +49,15 @@ def main():
     result = {"cpus": os.cpu_count(), "size": args.size, "reps": args.reps, "cases": {}}
     for workers in (1, 2, 3):
         walls = [run(workers, args.size, args.reps) for _ in range(args.repeats)]
-        result["cases"][workers] = {"worker_wall_s_median": statistics.median(walls), "min": min(walls),
-                                    "max": max(walls)}
-        print(f"{workers} worker(s): {statistics.median(walls):.2f} s per worker ({min(walls):.2f}-{max(walls):.2f})",
-              flush=True)
+        result["cases"][workers] = {
+            "worker_wall_s_median": statistics.median(walls),
+            "min": min(walls),
+            "max": max(walls),
+        }
+        print(
+            f"{workers} worker(s): {statistics.median(walls):.2f} s per worker ({min(walls):.2f}-{max(walls):.2f})",
+            flush=True,
+        )
     alone = result["cases"][1]["worker_wall_s_median"]
     for workers, case in result["cases"].items():
         case["throughput_vs_one"] = workers * alone / case["worker_wall_s_median"]
@@ -60,8 +65,10 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"throughput with 2 workers / 1: {result['cases'][2]['throughput_vs_one']:.2f}x; "
-          f"with 3: {result['cases'][3]['throughput_vs_one']:.2f}x  -> {args.out}")
+    print(
+        f"throughput with 2 workers / 1: {result['cases'][2]['throughput_vs_one']:.2f}x; "
+        f"with 3: {result['cases'][3]['throughput_vs_one']:.2f}x  -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ import time
 from common import provenance
 
 # the e2e tests with a numerical or statistical assertion
-DEFAULT_SELECTION = ("test_two_data_parallel_ranks or test_dr_grpo_trains or kill_9 or tb_pg_weights_stale "
-                     "or reference_reset_in_its_own or free_running_searchers or quickstart_short "
-                     "or tldr_trains_through_verl")
+DEFAULT_SELECTION = (
+    "test_two_data_parallel_ranks or test_dr_grpo_trains or kill_9 or tb_pg_weights_stale "
+    "or reference_reset_in_its_own or free_running_searchers or quickstart_short "
+    "or tldr_trains_through_verl"
+)
 
 
 def main() -> int:
@@ -28,8 +30,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("-k", default=DEFAULT_SELECTION)
     parser.add_argument("--out", default="benchmarks/results/e2e_margins.json")
-    parser.add_argument("--also", nargs="*", default=[], metavar="JSONL",
-                        help="margin records of earlier runs (TBA_EXT_MARGINS files, e.g. a CI run's) to count too")
+    parser.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        metavar="JSONL",
+        help="margin records of earlier runs (TBA_EXT_MARGINS files, e.g. a CI run's) to count too",
+    )
     parser.add_argument("--keep", default=None, metavar="JSONL", help="append this run's raw records here")
     args = parser.parse_args()
 
@@ -38,12 +45,16 @@ def main() -> int:
     for repeat in range(args.repeats):
         path = tempfile.mktemp(prefix="tba_margins_", suffix=".jsonl")
         start = time.time()
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "e2e",
-                               "-k", args.k], env=dict(os.environ, TBA_EXT_MARGINS=path), capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "e2e", "-k", args.k],
+            env=dict(os.environ, TBA_EXT_MARGINS=path),
+            capture_output=True,
+            text=True,
+        )
         summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-        runs.append({"repeat": repeat, "returncode": proc.returncode, "seconds": round(time.time() - start),
-                     "summary": summary})
+        runs.append(
+            {"repeat": repeat, "returncode": proc.returncode, "seconds": round(time.time() - start), "summary": summary}
+        )
         print(f"repeat {repeat + 1}/{args.repeats}: {summary} ({runs[-1]['seconds']} s)", flush=True)
         if proc.returncode:
             print(proc.stdout[-4000:], flush=True)
@@ -63,10 +74,15 @@ def main() -> int:
         entry = worst.setdefault(key, {"worst_ratio": 0.0, "bound": r["bound"], "below": r["below"], "values": []})
         entry["values"].append(r["value"])
         entry["worst_ratio"] = max(entry["worst_ratio"], r["ratio"])
-    result = {"how": f"{args.repeats} runs in a row of pytest -m e2e -k '{args.k}'"
-                     + (f", plus the records of {args.also}" if args.also else "") + "; ratio = value / bound for an "
-                     "upper bound, bound / value for a lower one (1.0 = the edge); worst over the repeats",
-              "provenance": meta, "runs": runs, "checks": worst}
+    result = {
+        "how": f"{args.repeats} runs in a row of pytest -m e2e -k '{args.k}'"
+        + (f", plus the records of {args.also}" if args.also else "")
+        + "; ratio = value / bound for an "
+        "upper bound, bound / value for a lower one (1.0 = the edge); worst over the repeats",
+        "provenance": meta,
+        "runs": runs,
+        "checks": worst,
+    }
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

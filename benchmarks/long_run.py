@@ -16,12 +16,11 @@ import time
 
 import numpy as np
 import psutil
+from common import parse_args, prepare_run
 
 from tba_ext.tools import report
 from tba_ext.tools.launch import run_verl
 from tba_ext.tools.processes import children, cmdline, session_pids
-
-from common import parse_args, prepare_run
 
 
 class SessionRSS(threading.Thread):
@@ -59,8 +58,9 @@ def process_label(pid: int) -> str:
         return "?"
     if words[0].startswith("ray::"):
         return words[0].split(".")[0]
-    return os.path.basename(words[1] if os.path.basename(words[0]).startswith("python") and len(words) > 1
-                            else words[0])
+    return os.path.basename(
+        words[1] if os.path.basename(words[0]).startswith("python") and len(words) > 1 else words[0]
+    )
 
 
 def slope_per_100_steps(steps, values) -> float | None:
@@ -70,8 +70,11 @@ def slope_per_100_steps(steps, values) -> float | None:
 
 
 def main():
-    args = parse_args("long_run", steps=200, extra=lambda p: p.add_argument(
-        "--capacity", type=int, default=300, help="replay store cap (trajectories)"))
+    args = parse_args(
+        "long_run",
+        steps=200,
+        extra=lambda p: p.add_argument("--capacity", type=int, default=300, help="replay store cap (trajectories)"),
+    )
     run = prepare_run(args.run_dir, train_size=2000)
     metrics = f"{run}/metrics.jsonl"
     if os.path.exists(metrics):
@@ -79,15 +82,26 @@ def main():
     sampler = SessionRSS(metrics)
     sampler.start()
     start = time.time()
-    run_verl("cpu_tba", [f"run_dir={run}", f"trainer.total_training_steps={args.steps}",
-                         f"trainer.v1.sampler.sampler_kwargs.capacity={args.capacity}"],
-             log_path=f"{run}/verl.log", metrics_path=metrics)
+    run_verl(
+        "cpu_tba",
+        [
+            f"run_dir={run}",
+            f"trainer.total_training_steps={args.steps}",
+            f"trainer.v1.sampler.sampler_kwargs.capacity={args.capacity}",
+        ],
+        log_path=f"{run}/verl.log",
+        metrics_path=metrics,
+    )
     sampler.stop.set()
     wall = time.time() - start
 
     records = report.read_metrics(metrics)
-    nonfinite = [{"step": r["step"], "key": k, "value": str(v)} for r in records for k, v in r["data"].items()
-                 if isinstance(v, float) and not math.isfinite(v)]
+    nonfinite = [
+        {"step": r["step"], "key": k, "value": str(v)}
+        for r in records
+        for k, v in r["data"].items()
+        if isinstance(v, float) and not math.isfinite(v)
+    ]
     steps = [r["step"] for r in records]
     store = [r["data"]["replay/store_trajectories"] for r in records]
     # from the first finished step until the last one (the final sample is taken while the run shuts down)

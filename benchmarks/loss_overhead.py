@@ -14,7 +14,6 @@ import statistics
 import time
 
 import torch
-
 import verl  # noqa: F401
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
@@ -22,8 +21,12 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
 class LossConfig:
     def __init__(self, n):
-        self.global_batch_info = {"dp_size": 1, "global_batch_size": n, "batch_num_tokens": None,
-                                  "loss_scale_factor": None}
+        self.global_batch_info = {
+            "dp_size": 1,
+            "global_batch_size": n,
+            "batch_num_tokens": None,
+            "loss_scale_factor": None,
+        }
         self.policy_loss = OmegaConf.create({"loss_mode": "vanilla", "loss_scale": 1.0, "is_ratio_max": 8.0})
         self.clip_ratio = self.clip_ratio_low = self.clip_ratio_high = 0.2
         self.clip_ratio_c = 3.0
@@ -43,8 +46,17 @@ def main():
     torch.manual_seed(0)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=192, num_hidden_layers=4, num_attention_heads=6,
-                                         num_key_value_heads=2, intermediate_size=512, tie_word_embeddings=False))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=512,
+            hidden_size=192,
+            num_hidden_layers=4,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            intermediate_size=512,
+            tie_word_embeddings=False,
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     b, t = args.batch, args.prompt + args.response
     batches = []
@@ -52,9 +64,9 @@ def main():
         ids = torch.randint(0, 512, (b, t))
         mask = torch.ones(b, args.response)
         for i in range(b):
-            mask[i, torch.randint(8, args.response + 1, (1,)).item():] = 0
+            mask[i, torch.randint(8, args.response + 1, (1,)).item() :] = 0
         old = -torch.rand(b, args.response) * 3
-        adv = (torch.randn(b, 1) * mask)
+        adv = torch.randn(b, 1) * mask
         batches.append((ids, mask, old, adv))
     config = LossConfig(b)
     timings = {"tb": [], "vanilla": []}
@@ -64,16 +76,28 @@ def main():
             start = time.perf_counter()
             logits = model(ids).logits[:, args.prompt - 1 : -1]
             logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, args.prompt :, None]).squeeze(-1)
-            loss, _ = get_policy_loss_fn(mode)(old_log_prob=old, log_prob=logp, advantages=adv,
-                                              response_mask=mask.bool(), loss_agg_mode="token-mean", config=config)
+            loss, _ = get_policy_loss_fn(mode)(
+                old_log_prob=old,
+                log_prob=logp,
+                advantages=adv,
+                response_mask=mask.bool(),
+                loss_agg_mode="token-mean",
+                config=config,
+            )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             if step >= 2:  # warm-up
                 timings[mode].append(time.perf_counter() - start)
     tb_s, van_s = statistics.median(timings["tb"]), statistics.median(timings["vanilla"])
-    result = {"batch": b, "tokens": t, "median_update_s": {"tb": tb_s, "vanilla": van_s}, "ratio_tb_over_vanilla": tb_s / van_s,
-              "goal": 1.05, "steps": args.steps}
+    result = {
+        "batch": b,
+        "tokens": t,
+        "median_update_s": {"tb": tb_s, "vanilla": van_s},
+        "ratio_tb_over_vanilla": tb_s / van_s,
+        "goal": 1.05,
+        "steps": args.steps,
+    }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

@@ -16,11 +16,10 @@ import sys
 import time
 
 import psutil
+from common import prepare_run, process_kind, same_process_kind
 
 from tba_ext.tools import report
 from tba_ext.tools.processes import children, cmdline, session_pids
-
-from common import prepare_run, process_kind, same_process_kind
 
 
 def main():
@@ -33,8 +32,21 @@ def main():
     args = parser.parse_args()
     run = prepare_run(args.run_dir, train_size=2000, size="small")
     metrics = os.path.join(run, f"{args.config}.jsonl")
-    cmd = [sys.executable, "-m", "tba_ext.cli", "train", "--config", args.config, "--log", metrics + ".log",
-           "--metrics", metrics, f"run_dir={run}", f"trainer.total_training_steps={args.steps}", *args.overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tba_ext.cli",
+        "train",
+        "--config",
+        args.config,
+        "--log",
+        metrics + ".log",
+        "--metrics",
+        metrics,
+        f"run_dir={run}",
+        f"trainer.total_training_steps={args.steps}",
+        *args.overrides,
+    ]
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     cpu: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds at its last sample)
@@ -63,10 +75,16 @@ def main():
         for key, value in rec["data"].items():
             if key.startswith("timing_s/"):
                 timing[key[9:]] = timing.get(key[9:], 0.0) + value
-    result = {"config": args.config, "overrides": args.overrides, "steps": args.steps, "wall_s": wall, "cores": cores,
-              "cpu_s": dict(sorted(per_kind.items(), key=lambda kv: -kv[1])),
-              "cpu_share_of_wall_x_cores": {k: v / (wall * cores) for k, v in per_kind.items()},
-              "verl_timing_s_after_step_1": timing}
+    result = {
+        "config": args.config,
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "wall_s": wall,
+        "cores": cores,
+        "cpu_s": dict(sorted(per_kind.items(), key=lambda kv: -kv[1])),
+        "cpu_share_of_wall_x_cores": {k: v / (wall * cores) for k, v in per_kind.items()},
+        "verl_timing_s_after_step_1": timing,
+    }
     report.ensure_dir(os.path.dirname(os.path.abspath(args.out)))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

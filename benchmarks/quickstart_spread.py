@@ -1,6 +1,7 @@
 """Run-to-run spread of the full CPU quickstart: does every run learn, and is the gain larger than the spread?
 
-    python benchmarks/quickstart_spread.py [--seeds 0 1 2] [--repeats 2] [--out benchmarks/results/quickstart_spread.json]
+    python benchmarks/quickstart_spread.py [--seeds 0 1 2] [--repeats 2]
+                                           [--out benchmarks/results/quickstart_spread.json]
     python benchmarks/quickstart_spread.py --from-runs DIR ...   # summarise finished runs (their summary.json)
 
 Each run is a complete ``tba-ext quickstart`` (its own model init, data order, warm start and TBA run); each seed
@@ -10,6 +11,7 @@ Goals (issue 14): every run improves, mean gain > 2x the run-to-run sd, each run
 """
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -25,8 +27,12 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--run-dir", default="benchmarks/results/quickstart_spread_runs")
     parser.add_argument("--out", default="benchmarks/results/quickstart_spread.json")
-    parser.add_argument("--from-runs", nargs="+", metavar="DIR",
-                        help="summarise these finished quickstart folders instead of running (e.g. runs made in parallel)")
+    parser.add_argument(
+        "--from-runs",
+        nargs="+",
+        metavar="DIR",
+        help="summarise these finished quickstart folders instead of running (e.g. runs made in parallel)",
+    )
     args = parser.parse_args()
     if args.from_runs:
         summaries = [report.read_json(os.path.join(d, "summary.json")) for d in args.from_runs]
@@ -40,24 +46,33 @@ def main():
         for seed in args.seeds:
             for repeat in range(args.repeats):
                 print(f"=== quickstart seed {seed}, repeat {repeat}", flush=True)
-                runs.append(run_record(quickstart(os.path.join(args.run_dir, f"seed{seed}_r{repeat}"), seed=seed),
-                                       repeat))
+                runs.append(
+                    run_record(quickstart(os.path.join(args.run_dir, f"seed{seed}_r{repeat}"), seed=seed), repeat)
+                )
     gains = [r["accuracy_after"] - r["accuracy_before"] for r in runs]
     mean, sd, half = interval95(gains)
     sampled = [r["sampled_after"] - r["sampled_before"] for r in runs]
     s_mean, s_sd, s_half = interval95(sampled)
     result = {
-        "recipe": FULL,  # the quickstart's recipe these runs used (the objective: recipe["method"])
+        "recipe": dataclasses.asdict(FULL),  # the quickstart's recipe these runs used (the objective: "method")
         "runs": runs,
-        "gain_mean": mean, "gain_sd": sd, "gain_ci95": half,
-        "sampled_gain_mean": s_mean, "sampled_gain_sd": s_sd, "sampled_gain_ci95": s_half,
-        "runs_improved": sum(g > 0 for g in gains), "sampled_runs_improved": sum(g > 0 for g in sampled),
+        "gain_mean": mean,
+        "gain_sd": sd,
+        "gain_ci95": half,
+        "sampled_gain_mean": s_mean,
+        "sampled_gain_sd": s_sd,
+        "sampled_gain_ci95": s_half,
+        "runs_improved": sum(g > 0 for g in gains),
+        "sampled_runs_improved": sum(g > 0 for g in sampled),
         "n_runs": len(runs),
         "max_total_seconds": max(r["total_seconds"] for r in runs),
-        "goals": {"every run improves": all(g > 0 for g in gains), "gain_mean > 2 sd": mean > 2 * sd,
-                  "sampled: every run improves": all(g > 0 for g in sampled),
-                  "sampled: gain_mean > 2 sd": s_mean > 2 * s_sd,
-                  "max_total_seconds <= 600": max(r["total_seconds"] for r in runs) <= 600},
+        "goals": {
+            "every run improves": all(g > 0 for g in gains),
+            "gain_mean > 2 sd": mean > 2 * sd,
+            "sampled: every run improves": all(g > 0 for g in sampled),
+            "sampled: gain_mean > 2 sd": s_mean > 2 * s_sd,
+            "max_total_seconds <= 600": max(r["total_seconds"] for r in runs) <= 600,
+        },
     }
     report.ensure_dir(os.path.dirname(os.path.abspath(args.out)))
     report.write_json(result, args.out)
@@ -66,8 +81,21 @@ def main():
 
 
 def run_record(summary: dict, repeat: int) -> dict:
-    return {"repeat": repeat, **{k: summary[k] for k in ("seed", "accuracy_before", "accuracy_after", "sampled_before",
-                                                         "sampled_after", "total_seconds", "rl_seconds")}}
+    return {
+        "repeat": repeat,
+        **{
+            k: summary[k]
+            for k in (
+                "seed",
+                "accuracy_before",
+                "accuracy_after",
+                "sampled_before",
+                "sampled_after",
+                "total_seconds",
+                "rl_seconds",
+            )
+        },
+    }
 
 
 def plot(runs, path):
@@ -77,11 +105,13 @@ def plot(runs, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for ax, (key, label) in zip(axes, [("accuracy", "held-out greedy accuracy"),
-                                       ("sampled", "held-out sampled accuracy")]):
+    for ax, (key, label) in zip(
+        axes, [("accuracy", "held-out greedy accuracy"), ("sampled", "held-out sampled accuracy")]
+    ):
         for r in runs:
-            ax.plot([0, 1], [r[f"{key}_before"], r[f"{key}_after"]], marker="o",
-                    label=f"seed {r['seed']} run {r['repeat']}")
+            ax.plot(
+                [0, 1], [r[f"{key}_before"], r[f"{key}_after"]], marker="o", label=f"seed {r['seed']} run {r['repeat']}"
+            )
         ax.set_xticks([0, 1], ["after warm start", "after TBA"])
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)

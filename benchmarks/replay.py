@@ -12,7 +12,8 @@ response tokens) x 4 bytes, int32).
   depend on their length (the dedup hash aside, included in the insert rate).
 - footprint pass: 512 prompt / 1024 response tokens, K = 16 per prompt, each trajectory a row as verl's agent
   loop writes it (dataset fields, log-probs, rm_scores, tags...) compacted by ``tba_ext.adapters.rows``, and
-  the reference log-probs the trainer (or a searcher) stores with it (``ReferenceLogProbs``); memory measured with tracemalloc, and the checkpoint file written by ``save_atomic``.
+  the reference log-probs the trainer (or a searcher) stores with it (``ReferenceLogProbs``); memory measured
+  with tracemalloc, and the checkpoint file written by ``save_atomic``.
 """
 
 import argparse
@@ -25,7 +26,6 @@ import tracemalloc
 
 import numpy as np
 import torch
-
 from common import provenance
 
 from tba_ext.adapters.rows import split_row
@@ -52,7 +52,7 @@ def speed(n: int, repeats: int, rng: np.random.Generator) -> dict:
     warm, after_insert = [], []
     version = store.newest_version()
     for i in range(repeats):
-        for j in range(K):  # one new group, as a training step admits before it samples
+        for _ in range(K):  # one new group, as a training step admits before it samples
             store.admit(Trajectory(i % prompts, rng.integers(0, 150_000, 16, dtype=np.int32), 0.5, version))
         t = time.perf_counter()
         report = sampler.sample_groups(GROUPS, K, current_version=version)
@@ -61,10 +61,13 @@ def speed(n: int, repeats: int, rng: np.random.Generator) -> dict:
         sampler.sample_groups(GROUPS, K, current_version=version)
         warm.append(time.perf_counter() - t)
         assert len(report.groups) == GROUPS  # (repeats where fewer prompts than groups are stored)
-    return {"trajectories": n, "insert_per_s": n / insert_s,
-            "sample_ms_after_insert": 1000 * float(np.median(after_insert)),
-            "sample_ms_after_insert_p90": 1000 * float(np.percentile(after_insert, 90)),
-            "sample_ms_warm": 1000 * float(np.median(warm))}
+    return {
+        "trajectories": n,
+        "insert_per_s": n / insert_s,
+        "sample_ms_after_insert": 1000 * float(np.median(after_insert)),
+        "sample_ms_after_insert_p90": 1000 * float(np.percentile(after_insert, 90)),
+        "sample_ms_warm": 1000 * float(np.median(warm)),
+    }
 
 
 def verl_row(prompt: torch.Tensor, response_len: int, session: int, version: int, rng) -> tuple[dict, dict]:
@@ -75,22 +78,42 @@ def verl_row(prompt: torch.Tensor, response_len: int, session: int, version: int
     rm_scores[-1] = reward
     input_ids = torch.cat([prompt, responses])
     row = {
-        "prompts": prompt, "responses": responses, "response_mask": torch.ones_like(responses),
+        "prompts": prompt,
+        "responses": responses,
+        "response_mask": torch.ones_like(responses),
         "rollout_log_probs": torch.from_numpy(-rng.random(response_len, dtype=np.float32)),
-        "rm_scores": rm_scores, "num_turns": 2,
+        "rm_scores": rm_scores,
+        "num_turns": 2,
         "metrics": {"generate_sequences": 1.23, "tool_calls": 0.0, "num_preempted": -1},
-        "extra_fields": {"reward_extra_info": {"acc": reward}, "min_global_steps": version,
-                         "max_global_steps": version},
-        "session_id": session, "loss_mask": torch.ones_like(responses), "input_ids": input_ids,
-        "position_ids": torch.arange(len(input_ids)), "multi_modal_inputs": {},
+        "extra_fields": {
+            "reward_extra_info": {"acc": reward},
+            "min_global_steps": version,
+            "max_global_steps": version,
+        },
+        "session_id": session,
+        "loss_mask": torch.ones_like(responses),
+        "input_ids": input_ids,
+        "position_ids": torch.arange(len(input_ids)),
+        "multi_modal_inputs": {},
         "raw_prompt": [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April ..."}],
-        "data_source": "openai/gsm8k", "reward_model": {"ground_truth": "72", "style": "rule"},
-        "extra_info": {"split": "train", "index": 17}, "index": 17, "tools_kwargs": {},
-        "interaction_kwargs": {}, "agent_name": "single_turn_agent", "global_steps": version,
+        "data_source": "openai/gsm8k",
+        "reward_model": {"ground_truth": "72", "style": "rule"},
+        "extra_info": {"split": "train", "index": 17},
+        "index": 17,
+        "tools_kwargs": {},
+        "interaction_kwargs": {},
+        "agent_name": "single_turn_agent",
+        "global_steps": version,
     }
-    tag = {"status": "success", "prompt_len": len(prompt), "response_len": response_len,
-           "seq_len": len(input_ids), "global_steps": version, "min_global_steps": version,
-           "max_global_steps": version}
+    tag = {
+        "status": "success",
+        "prompt_len": len(prompt),
+        "response_len": response_len,
+        "seq_len": len(input_ids),
+        "global_steps": version,
+        "min_global_steps": version,
+        "max_global_steps": version,
+    }
     return row, tag
 
 
@@ -115,10 +138,18 @@ def footprint(n: int, prompt_len: int, response_len: int, rng) -> dict:
         path = os.path.join(tmp, "replay.pt")
         save_atomic(ReplaySampler(store, ReplaySettings()).state_dict(), path)
         checkpoint = os.path.getsize(path)
-    return {"trajectories": n, "prompt_tokens": prompt_len, "response_tokens": response_len,
-            "stored_bytes": stored, "raw_token_bytes": raw, "bytes_per_trajectory": stored / n,
-            "raw_bytes_per_trajectory": raw / n, "bytes_ratio": stored / raw, "checkpoint_bytes": checkpoint,
-            "checkpoint_ratio": checkpoint / raw}
+    return {
+        "trajectories": n,
+        "prompt_tokens": prompt_len,
+        "response_tokens": response_len,
+        "stored_bytes": stored,
+        "raw_token_bytes": raw,
+        "bytes_per_trajectory": stored / n,
+        "raw_bytes_per_trajectory": raw / n,
+        "bytes_ratio": stored / raw,
+        "checkpoint_bytes": checkpoint,
+        "checkpoint_ratio": checkpoint / raw,
+    }
 
 
 def main():
@@ -134,24 +165,50 @@ def main():
     for n in args.sizes:
         row = speed(n, args.repeats, rng)
         rows.append(row)
-        print(f"{n:>9,d} trajectories | insert {row['insert_per_s']:>9,.0f}/s | sample {GROUPS} x {K}: "
-              f"{row['sample_ms_after_insert']:.2f} ms after an insert (p90 {row['sample_ms_after_insert_p90']:.2f}), "
-              f"{row['sample_ms_warm']:.2f} ms warm", flush=True)
+        print(
+            f"{n:>9,d} trajectories | insert {row['insert_per_s']:>9,.0f}/s | sample {GROUPS} x {K}: "
+            f"{row['sample_ms_after_insert']:.2f} ms after an insert (p90 {row['sample_ms_after_insert_p90']:.2f}), "
+            f"{row['sample_ms_warm']:.2f} ms warm",
+            flush=True,
+        )
         gc.collect()
     fp = footprint(args.footprint_trajectories, 512, 1024, rng)
-    print(f"footprint at 512/1024 tokens: {fp['bytes_per_trajectory']:,.0f} B stored per trajectory vs "
-          f"{fp['raw_bytes_per_trajectory']:,.0f} B raw tokens = {fp['bytes_ratio']:.3f}x; checkpoint "
-          f"{fp['checkpoint_ratio']:.3f}x raw ({fp['checkpoint_bytes'] / 2**20:.1f} MB for {fp['trajectories']:,d})")
+    print(
+        f"footprint at 512/1024 tokens: {fp['bytes_per_trajectory']:,.0f} B stored per trajectory vs "
+        f"{fp['raw_bytes_per_trajectory']:,.0f} B raw tokens = {fp['bytes_ratio']:.3f}x; checkpoint "
+        f"{fp['checkpoint_ratio']:.3f}x raw ({fp['checkpoint_bytes'] / 2**20:.1f} MB for {fp['trajectories']:,d})"
+    )
     largest = max(rows, key=lambda r: r["trajectories"])
-    summary = {"sample_ms_1e6": largest["sample_ms_after_insert"], "insert_per_s_1e6": largest["insert_per_s"],
-               "bytes_ratio": fp["bytes_ratio"], "sampled_from": largest["trajectories"]}
+    summary = {
+        "sample_ms_1e6": largest["sample_ms_after_insert"],
+        "insert_per_s_1e6": largest["insert_per_s"],
+        "bytes_ratio": fp["bytes_ratio"],
+        "sampled_from": largest["trajectories"],
+    }
     goals = {"sample_ms_1e6": 10.0, "insert_per_s_1e6": 100_000, "bytes_ratio": 2.0}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({**summary, "goals": goals, "provenance": meta, "groups": GROUPS, "k": K, "per_prompt": PER_PROMPT,
-                   "speed": rows, "footprint": fp}, f, indent=2)
-    print("\n" + " | ".join(f"{key} {summary[key]:,.3f} (goal {'<=' if key != 'insert_per_s_1e6' else '>='} "
-                                f"{goal:,})" for key, goal in goals.items()))
+        json.dump(
+            {
+                **summary,
+                "goals": goals,
+                "provenance": meta,
+                "groups": GROUPS,
+                "k": K,
+                "per_prompt": PER_PROMPT,
+                "speed": rows,
+                "footprint": fp,
+            },
+            f,
+            indent=2,
+        )
+    print(
+        "\n"
+        + " | ".join(
+            f"{key} {summary[key]:,.3f} (goal {'<=' if key != 'insert_per_s_1e6' else '>='} {goal:,})"
+            for key, goal in goals.items()
+        )
+    )
     print(f"written to {args.out}")
 
 

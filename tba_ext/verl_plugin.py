@@ -22,9 +22,8 @@ def _register() -> None:
     REGISTERED["policy_loss"] = list(losses.LOSS_NAMES)
     REGISTERED["adv_estimator"] = list(losses.ESTIMATOR_NAMES)
 
-    from tba_ext.cpu.runtime import apply_cpu_fixes, cpu_runtime_active
-
     from tba_ext.cpu import platform  # noqa: F401  (registers the "cpu" platform; selected only without GPU)
+    from tba_ext.cpu.runtime import apply_cpu_fixes, cpu_runtime_active
 
     REGISTERED["platform"] = ["cpu"]
     if cpu_runtime_active():
@@ -49,7 +48,7 @@ def _register() -> None:
 
 try:
     _register()
-except Exception:  # noqa: BLE001 - verl would hide this; make it visible, then let verl record it
+except Exception:
     LOAD_ERROR = traceback.format_exc()
     logging.getLogger("tba_ext").error("tba-ext failed to register with verl:\n%s", LOAD_ERROR)
     raise

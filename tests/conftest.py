@@ -13,15 +13,16 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A tiny offline model, the arith data and a short supervised warm start: shared by the tests."""
-    from tba_ext.tools.models import ModelSpec, make_model
     from tba_ext.tasks.data import corpus_for, write_task
+    from tba_ext.tools.models import ModelSpec, make_model
     from tba_ext.tools.warmstart import warm_start
 
     root = tmp_path_factory.mktemp("tiny_run")
     make_model(str(root / "model_init"), corpus_for("arith", 0), ModelSpec(size="tiny", seed=0))
     write_task("arith", str(root / "data"), train_size=256, test_size=32, seed=0)
-    warm_start(str(root / "model_init"), str(root / "data" / "train.parquet"), str(root / "model"), steps=150,
-               log_every=0)
+    warm_start(
+        str(root / "model_init"), str(root / "data" / "train.parquet"), str(root / "model"), steps=150, log_every=0
+    )
     return root
 
 
@@ -36,13 +37,26 @@ def margin(request):
     def check(name: str, value: float, bound: float, below: bool = True) -> None:
         value, bound = abs(float(value)), float(bound)
         ratio = value / bound if below else (bound / value if value else float("inf"))
-        print(f"margin {request.node.nodeid} {name}: {value:.3g} {'<' if below else '>'} {bound:.3g} "
-              f"({ratio:.3g} of the way to the bound)")
+        print(
+            f"margin {request.node.nodeid} {name}: {value:.3g} {'<' if below else '>'} {bound:.3g} "
+            f"({ratio:.3g} of the way to the bound)"
+        )
         path = os.environ.get("TBA_EXT_MARGINS")
         if path:
             with open(path, "a") as f:
-                f.write(json.dumps({"test": request.node.nodeid, "check": name, "value": value, "bound": bound,
-                                    "below": below, "ratio": ratio}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "test": request.node.nodeid,
+                            "check": name,
+                            "value": value,
+                            "bound": bound,
+                            "below": below,
+                            "ratio": ratio,
+                        }
+                    )
+                    + "\n"
+                )
         assert ratio < 1.0, f"{name}: {value:.3g} is not {'below' if below else 'above'} {bound:.3g}"
 
     return check

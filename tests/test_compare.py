@@ -6,8 +6,8 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+from tba_ext.adapters.checks import check_replay_run, check_tb_run
 from tba_ext.tools.compare import compare, interval95
-from tba_ext.core.settings import check_replay_run, check_tb_run
 from tba_ext.tools.config import compose
 from tba_ext.tools.recipe import METHODS, method_overrides
 
@@ -15,9 +15,9 @@ from tba_ext.tools.recipe import METHODS, method_overrides
 @pytest.mark.parametrize("method", sorted(METHODS))
 @pytest.mark.parametrize("staleness", [0, 4])
 def test_staleness_bounds_every_source_of_off_policy_data(method, staleness):
-    cfg = OmegaConf.to_container(compose(METHODS[method][0], ["run_dir=/nonexistent",
-                                                              *method_overrides(method, staleness, 0.95)]),
-                                 resolve=True)
+    cfg = OmegaConf.to_container(
+        compose(METHODS[method][0], ["run_dir=/nonexistent", *method_overrides(method, staleness, 0.95)]), resolve=True
+    )
     check_tb_run(cfg)
     v1 = cfg["trainer"]["v1"]
     replay = check_replay_run(cfg)
@@ -34,7 +34,7 @@ def test_staleness_bounds_every_source_of_off_policy_data(method, staleness):
 def test_interval95_is_the_t_interval():
     mean, sd, half = interval95([1.0, 2.0, 3.0])
     assert (mean, sd) == (2.0, 1.0)
-    assert half == pytest.approx(4.302652729911275 / 3 ** 0.5)  # t(0.975, 2 dof) * sd / sqrt(n)
+    assert half == pytest.approx(4.302652729911275 / 3**0.5)  # t(0.975, 2 dof) * sd / sqrt(n)
     assert interval95([0.5]) == (0.5, 0.0, 0.0)
 
 
@@ -58,22 +58,54 @@ def test_compare_short_runs_every_method_from_one_start_and_summarises(tmp_path)
 
 
 def _part(seed: int, gain: float) -> dict:
-    run = {"method": "TB", "staleness": 0, "seed": seed, "accuracy_before": 0.2, "accuracy_after": 0.2 + gain,
-           "sampled_before": 0.3, "sampled_after": 0.3 + gain / 2, "wall_s": 100.0}
+    run = {
+        "method": "TB",
+        "staleness": 0,
+        "seed": seed,
+        "accuracy_before": 0.2,
+        "accuracy_after": 0.2 + gain,
+        "sampled_before": 0.3,
+        "sampled_after": 0.3 + gain / 2,
+        "wall_s": 100.0,
+    }
     curve = {"steps": [0, 10], "accuracy": [0.2, 0.2 + gain], "time": [0.0, 50.0]}
-    return {"recipe": {"task": "arith20"}, "steps": 10, "seeds": [seed], "staleness": [0], "methods": ["TB"],
-            "runs": [run], "curves": {"TB s=0": [curve]}}
+    return {
+        "recipe": {"task": "arith20"},
+        "steps": 10,
+        "seeds": [seed],
+        "staleness": [0],
+        "methods": ["TB"],
+        "runs": [run],
+        "curves": {"TB s=0": [curve]},
+    }
 
 
 def test_summary_reports_the_share_of_the_on_policy_gain_kept_off_policy():
     from tba_ext.tools.compare import summarise
 
     def run(method, s, seed, gain):
-        return {"method": method, "staleness": s, "seed": seed, "accuracy_before": 0.3, "accuracy_after": 0.3 + gain,
-                "sampled_before": 0.3, "sampled_after": 0.3 + gain, "wall_s": 1.0}
+        return {
+            "method": method,
+            "staleness": s,
+            "seed": seed,
+            "accuracy_before": 0.3,
+            "accuracy_after": 0.3 + gain,
+            "sampled_before": 0.3,
+            "sampled_after": 0.3 + gain,
+            "wall_s": 1.0,
+        }
 
-    summary = summarise([run("TB", 0, 0, 0.10), run("TB", 0, 1, 0.30), run("TB", 10, 0, 0.05), run("TB", 10, 1, 0.13),
-                         run("Dr. GRPO", 0, 0, -0.1), run("Dr. GRPO", 10, 0, 0.1), run("TBA'", 10, 0, 0.1)])
+    summary = summarise(
+        [
+            run("TB", 0, 0, 0.10),
+            run("TB", 0, 1, 0.30),
+            run("TB", 10, 0, 0.05),
+            run("TB", 10, 1, 0.13),
+            run("Dr. GRPO", 0, 0, -0.1),
+            run("Dr. GRPO", 10, 0, 0.1),
+            run("TBA'", 10, 0, 0.1),
+        ]
+    )
     assert summary["TB"]["10"]["gain_kept"] == pytest.approx(0.09 / 0.20)
     assert summary["TB"]["0"]["sampled_gain_kept"] == pytest.approx(1.0)
     assert summary["Dr. GRPO"]["10"]["gain_kept"] is None  # no on-policy gain to keep
@@ -91,7 +123,7 @@ def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_pat
     merged = merge([str(p) for p in paths], str(tmp_path / "grid"), str(out))
     tb = json.loads(out.read_text())["summary"]["TB"]["0"]
     assert merged["seeds"] == [0, 1] and tb["n_seeds"] == 2
-    assert tb["gain_mean"] == pytest.approx(0.2) and tb["gain_sd"] == pytest.approx(0.2 / 2 ** 0.5)  # sd of 0.1, 0.3
+    assert tb["gain_mean"] == pytest.approx(0.2) and tb["gain_sd"] == pytest.approx(0.2 / 2**0.5)  # sd of 0.1, 0.3
     assert tb["sampled_gain_mean"] == pytest.approx(0.1)
     assert tb["gain_kept"] == pytest.approx(1.0)
     assert (tmp_path / "grid" / "accuracy_vs_updates.png").stat().st_size > 10_000

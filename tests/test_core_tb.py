@@ -10,8 +10,10 @@ from tba_ext.core import tb
 
 
 def test_core_modules_import_no_verl():
-    code = ("import sys, tba_ext.core.tb, tba_ext.core.replay, tba_ext.core.settings; "
-            "print(sorted(m for m in sys.modules if m == 'verl' or m.startswith('verl.')))")
+    code = (
+        "import sys, tba_ext.core.tb, tba_ext.core.replay, tba_ext.core.settings, tba_ext.core.steps; "
+        "print(sorted(m for m in sys.modules if m == 'verl' or m.startswith('verl.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -36,8 +38,9 @@ def test_tb_advantage_is_the_group_centred_kl_regularised_reward_over_beta(beta)
         assert advantage[i].item() == pytest.approx(expected.item(), abs=1e-5)
         assert pg_advantage[i].item() == pytest.approx(beta * expected.item(), abs=1e-6)
     # log Z_i = -mean_j delta_ij at the step-start policy, delta = kl - r / beta (eq. 5)
-    log_z = torch.stack([-(kl[groups == groups[i]] - reward[groups == groups[i]] / beta).mean()
-                         for i in range(len(reward))])
+    log_z = torch.stack(
+        [-(kl[groups == groups[i]] - reward[groups == groups[i]] / beta).mean() for i in range(len(reward))]
+    )
     assert stats["log_z"] == pytest.approx(log_z.mean().item(), rel=1e-5)
     assert stats["mean_abs_advantage"] == pytest.approx(advantage.abs().mean().item())
 

@@ -40,26 +40,38 @@ THETA_ULPS = 4
 
 
 def one_update(tiny_run, run_dir, ranks: int, algo: str, fused: bool = True, searcher_reference: bool = True):
-    overrides = [f"tba.fused_update={fused}", f"tba.ref_cache={searcher_reference}",
-        f"run_dir={tiny_run}", f"algo={algo}",
-        "trainer.total_training_steps=1", f"trainer.n_gpus_per_node={ranks}",
+    overrides = [
+        f"tba.fused_update={fused}",
+        f"tba.ref_cache={searcher_reference}",
+        f"run_dir={tiny_run}",
+        f"algo={algo}",
+        "trainer.total_training_steps=1",
+        f"trainer.n_gpus_per_node={ranks}",
         f"ray_kwargs.ray_init.num_gpus={ranks + 1}",
-        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=3",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.n=3",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",  # several micro-batches per rank
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3",
-        "trainer.v1.separate_async.parameter_sync_step=1", "trainer.v1.separate_async.num_warmup_batches=0",
-        "tba.searcher_queue_prompts=null", "trainer.v1.sampler.sampler_kwargs.min_fresh_groups=null",
+        "trainer.v1.separate_async.parameter_sync_step=1",
+        "trainer.v1.separate_async.num_warmup_batches=0",
+        "tba.searcher_queue_prompts=null",
+        "trainer.v1.sampler.sampler_kwargs.min_fresh_groups=null",
         # plain SGD, no clipping: the step is lr x the gradient, so a wrong scale (e.g. a per-rank normalisation)
         # shows (a clipped step has norm lr whatever the scale)
-        "actor_rollout_ref.actor.optim.optimizer=SGD", "actor_rollout_ref.actor.optim.lr=1e-3",
-        "actor_rollout_ref.actor.optim.weight_decay=0.0", "actor_rollout_ref.actor.optim.clip_grad=1e9",
+        "actor_rollout_ref.actor.optim.optimizer=SGD",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0",
+        "actor_rollout_ref.actor.optim.clip_grad=1e9",
         "actor_rollout_ref.actor.grad_clip=1e9",
-        "trainer.save_freq=1", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
+        "trainer.save_freq=1",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
         f"trainer.default_local_dir={run_dir}/checkpoints",
     ]
-    run_verl("cpu_tba_decoupled", overrides, log_path=str(run_dir / "verl.log"),
-             metrics_path=str(run_dir / "metrics.jsonl"))
+    run_verl(
+        "cpu_tba_decoupled", overrides, log_path=str(run_dir / "verl.log"), metrics_path=str(run_dir / "metrics.jsonl")
+    )
     metrics = [json.loads(line)["data"] for line in open(run_dir / "metrics.jsonl")]
     weights = load_file(str(run_dir / "checkpoints/global_step_1/actor/huggingface/model.safetensors"))
     return weights, metrics[0]
@@ -90,8 +102,11 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
     assert metrics_two["critic/score/mean"] == pytest.approx(metrics_one["critic/score/mean"])
     assert metrics_two["response_length/mean"] == pytest.approx(metrics_one["response_length/mean"])
     # the gradient norm, like the step, differs only by the order of its float32 sums
-    margin("grad_norm rel gap", abs(metrics_two["actor/grad_norm"] / metrics_one["actor/grad_norm"] - 1),
-           GRADIENT_ORDER_REL)
+    margin(
+        "grad_norm rel gap",
+        abs(metrics_two["actor/grad_norm"] / metrics_one["actor/grad_norm"] - 1),
+        GRADIENT_ORDER_REL,
+    )
     names = sorted(set(start) & set(one) & set(two))
     step = max((one[n].float() - start[n].float()).abs().max().item() for n in names)
     assert step > 1e-4, "the update did not move the parameters"
@@ -101,12 +116,17 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
         if ratio > worst:
             worst, where = ratio, n
     gap = max((two[n].float() - one[n].float()).abs().max().item() for n in names)
-    print(f"{algo}: max step {step:.3g}, max 2-rank gap {gap:.3g} ({gap / step:.2g} of the step), worst gap / "
-          f"allowed {worst:.3g} ({where}), grad norm {metrics_one['actor/grad_norm']:.6g} vs "
-          f"{metrics_two['actor/grad_norm']:.6g}")
+    print(
+        f"{algo}: max step {step:.3g}, max 2-rank gap {gap:.3g} ({gap / step:.2g} of the step), worst gap / "
+        f"allowed {worst:.3g} ({where}), grad norm {metrics_one['actor/grad_norm']:.6g} vs "
+        f"{metrics_two['actor/grad_norm']:.6g}"
+    )
     margin("2-rank gap / float32 bound, worst element", worst, 1.0)
-    margin("three-call vs fused grad_norm rel gap", abs(metrics_three["actor/grad_norm"] / metrics_one["actor/grad_norm"]
-                                                        - 1), GRADIENT_ORDER_REL)
+    margin(
+        "three-call vs fused grad_norm rel gap",
+        abs(metrics_three["actor/grad_norm"] / metrics_one["actor/grad_norm"] - 1),
+        GRADIENT_ORDER_REL,
+    )
     worst_three = max(((three[n] - one[n]).abs() / allowed_gap(one[n], step)).max().item() for n in names)
     margin("three-call vs fused gap / float32 bound, worst element", worst_three, 1.0)
 

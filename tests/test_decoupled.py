@@ -28,10 +28,26 @@ def steps_logged(path):
 def start_train(config, run_dir, tmp_path, *overrides, env=None):
     metrics = tmp_path / "metrics.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tba_ext.cli", "train", "--config", config, "--log", str(tmp_path / "verl.log"),
-         "--metrics", str(metrics), f"run_dir={run_dir}", *overrides],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, **(env or {})),
-        preexec_fn=default_sigint)
+        [
+            sys.executable,
+            "-m",
+            "tba_ext.cli",
+            "train",
+            "--config",
+            config,
+            "--log",
+            str(tmp_path / "verl.log"),
+            "--metrics",
+            str(metrics),
+            f"run_dir={run_dir}",
+            *overrides,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, **(env or {})),
+        preexec_fn=default_sigint,
+    )
     return proc, metrics
 
 
@@ -61,9 +77,16 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
     """N = 2 searchers, each its own Ray actor process; one is SIGKILLed after step 2: Ray restarts it, it
     starts from the newest published weights, and training goes on with both."""
     trace = tmp_path / "rollout_trace.jsonl"
-    proc, metrics = start_train("cpu_tba_decoupled", tiny_run, tmp_path, "trainer.total_training_steps=6",
-                                "actor_rollout_ref.rollout.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=3",
-                                "tba.ref_cache_check=true", env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
+    proc, metrics = start_train(
+        "cpu_tba_decoupled",
+        tiny_run,
+        tmp_path,
+        "trainer.total_training_steps=6",
+        "actor_rollout_ref.rollout.n_gpus_per_node=2",
+        "ray_kwargs.ray_init.num_gpus=3",
+        "tba.ref_cache_check=true",
+        env={"TBA_EXT_ROLLOUT_TRACE": str(trace)},
+    )
     try:
         wait_for(lambda: len(steps_logged(metrics)) >= 2, 600, "two trainer steps", proc)
         sid = verl_session(proc)
@@ -113,8 +136,9 @@ def test_dr_grpo_trains_its_rollout_serves_the_new_weights_and_ctrl_c_stops_ever
     """verl's own Dr. GRPO pipeline on CPU (one run, two checks that do not interfere): it trains and the rollout
     serves each step's new weights; Ctrl-C after step 3 stops the run and every process of its session."""
     trace = tmp_path / "rollout_trace.jsonl"
-    proc, metrics = start_train("cpu_drgrpo", tiny_run, tmp_path, "trainer.total_training_steps=50",
-                                env={"TBA_EXT_ROLLOUT_TRACE": str(trace)})
+    proc, metrics = start_train(
+        "cpu_drgrpo", tiny_run, tmp_path, "trainer.total_training_steps=50", env={"TBA_EXT_ROLLOUT_TRACE": str(trace)}
+    )
     wait_for(lambda: len(steps_logged(metrics)) >= 3, 600, "three steps", proc)
     sid = verl_session(proc)
     assert sid and session_pids(sid)
@@ -142,8 +166,9 @@ def test_dr_grpo_trains_its_rollout_serves_the_new_weights_and_ctrl_c_stops_ever
 def test_a_frozen_rollout_worker_ends_the_run_with_a_clear_message(tiny_run, tmp_path):
     """A worker that hangs (here: the rollout server SIGSTOPped after step 1) leaves verl waiting forever; the
     launcher's watchdog stops the run, says why, and leaves no process of the session behind."""
-    proc, metrics = start_train("cpu_tb", tiny_run, tmp_path, "--stall-timeout", "40",
-                                "trainer.total_training_steps=20")
+    proc, metrics = start_train(
+        "cpu_tb", tiny_run, tmp_path, "--stall-timeout", "40", "trainer.total_training_steps=20"
+    )
     try:
         wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
         sid = verl_session(proc)
@@ -165,19 +190,28 @@ def test_a_replay_store_left_without_servable_data_stops_the_run_naming_wait_tim
     trajectory is staler than max_staleness = 0: the sampler waits wait_timeout_s for data, then stops the run
     with its own message, long before the launcher's watchdog, and leaves no process behind."""
     fn = tmp_path / "hanging_reward.py"
-    fn.write_text("import time\n"
-                  "from tba_ext.tasks.rewards import compute_score as good\n"
-                  "calls = 0\n"
-                  "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
-                  "    global calls\n"
-                  "    calls += 1\n"
-                  "    if calls > 64:  # batches 1 and 2 of 8 prompts x 4 are scored, then nothing more\n"
-                  "        time.sleep(3600)\n"
-                  "    return good(data_source, solution_str, ground_truth, extra_info)\n")
-    proc, metrics = start_train("cpu_tba", tiny_run, tmp_path, "--stall-timeout", "300",
-                                "trainer.total_training_steps=20", f"reward.custom_reward_function.path={fn}",
-                                "trainer.v1.sampler.sampler_kwargs.max_staleness=0",
-                                "+trainer.v1.sampler.sampler_kwargs.wait_timeout_s=15")
+    fn.write_text(
+        "import time\n"
+        "from tba_ext.tasks.rewards import compute_score as good\n"
+        "calls = 0\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls > 64:  # batches 1 and 2 of 8 prompts x 4 are scored, then nothing more\n"
+        "        time.sleep(3600)\n"
+        "    return good(data_source, solution_str, ground_truth, extra_info)\n"
+    )
+    proc, metrics = start_train(
+        "cpu_tba",
+        tiny_run,
+        tmp_path,
+        "--stall-timeout",
+        "300",
+        "trainer.total_training_steps=20",
+        f"reward.custom_reward_function.path={fn}",
+        "trainer.v1.sampler.sampler_kwargs.max_staleness=0",
+        "+trainer.v1.sampler.sampler_kwargs.wait_timeout_s=15",
+    )
     try:
         wait_for(lambda: verl_session(proc), 600, "the verl session", proc)
         sid = verl_session(proc)
@@ -186,8 +220,9 @@ def test_a_replay_store_left_without_servable_data_stops_the_run_naming_wait_tim
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1
-    assert "could not serve 8 groups for 15 s" in out and "Raise trainer.v1.sampler.sampler_kwargs.wait_timeout_s" \
-        in out, out[-3000:]
+    assert (
+        "could not serve 8 groups for 15 s" in out and "Raise trainer.v1.sampler.sampler_kwargs.wait_timeout_s" in out
+    ), out[-3000:]
     assert "no training step finished" not in out  # the sampler's limit, not the watchdog's
     assert 1 <= len(steps_logged(metrics)) < 20
     assert not session_pids(sid)
@@ -201,9 +236,17 @@ def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(t
     are paced (tba.searcher_prompts_per_consumed=1): never more than the queue (32 prompts) ahead of the trainer."""
     from tba_ext.core.tb import beta_at_step, first_update
 
-    proc, metrics = start_train("cpu_tba_decoupled", tiny_run, tmp_path, "trainer.total_training_steps=5",
-                                "tba.ref_reset_every=4", "tba.beta.final=0.01", "tba.beta.anneal_steps=8",
-                                "actor_rollout_ref.actor.optim.lr=1e-2", "tba.searcher_prompts_per_consumed=1.0")
+    proc, metrics = start_train(
+        "cpu_tba_decoupled",
+        tiny_run,
+        tmp_path,
+        "trainer.total_training_steps=5",
+        "tba.ref_reset_every=4",
+        "tba.beta.final=0.01",
+        "tba.beta.anneal_steps=8",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+        "tba.searcher_prompts_per_consumed=1.0",
+    )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     data = [r["data"] for r in steps_logged(metrics)]
@@ -214,7 +257,8 @@ def test_decoupled_reference_reset_in_its_own_worker_group_and_beta_per_update(t
     for i in (1, 3):
         margin(f"KL at step {i + 1} (policy moved)", abs(kl[i]), 1e-3, below=False)
     assert [d["tb/beta"] for d in data] == pytest.approx(
-        [beta_at_step(first_update(g, 2), 0.05, 0.01, 8) for g in range(1, 6)])
+        [beta_at_step(first_update(g, 2), 0.05, 0.01, 8) for g in range(1, 6)]
+    )
     # reference log-probs: the searchers' (initial model) serve until the first reset, after it none of theirs is
     # (the zero KL at steps 3 and 5 above); before it the trainer runs no reference pass: one call per update
     assert data[0]["tba/ref_cached_frac"] == data[1]["tba/ref_cached_frac"] == 1.0

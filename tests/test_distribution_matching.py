@@ -9,7 +9,6 @@ import itertools
 
 import numpy as np
 import torch
-
 import verl  # noqa: F401
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_adv_estimator_fn, get_policy_loss_fn
@@ -22,7 +21,9 @@ class TabularPolicy(torch.nn.Module):
     def __init__(self, seed: int, scale: float = 0.0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.prefixes = {p: i for i, p in enumerate(p for n in range(LENGTH) for p in itertools.product(range(VOCAB), repeat=n))}
+        self.prefixes = {
+            p: i for i, p in enumerate(p for n in range(LENGTH) for p in itertools.product(range(VOCAB), repeat=n))
+        }
         self.logits = torch.nn.Parameter(scale * torch.randn(len(self.prefixes), VOCAB, generator=g))
 
     def token_logprobs(self, seqs: torch.Tensor) -> torch.Tensor:
@@ -36,10 +37,22 @@ class TabularPolicy(torch.nn.Module):
 
 class LossConfig:
     def __init__(self, n):
-        self.global_batch_info = {"dp_size": 1, "global_batch_size": n, "batch_num_tokens": None,
-                                  "loss_scale_factor": None}
-        self.policy_loss = OmegaConf.create({"loss_mode": "vanilla", "clip_ratio": 0.2, "clip_ratio_low": 0.2,
-                                             "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "loss_scale": 1.0})
+        self.global_batch_info = {
+            "dp_size": 1,
+            "global_batch_size": n,
+            "batch_num_tokens": None,
+            "loss_scale_factor": None,
+        }
+        self.policy_loss = OmegaConf.create(
+            {
+                "loss_mode": "vanilla",
+                "clip_ratio": 0.2,
+                "clip_ratio_low": 0.2,
+                "clip_ratio_high": 0.2,
+                "clip_ratio_c": 3.0,
+                "loss_scale": 1.0,
+            }
+        )
         self.clip_ratio, self.clip_ratio_low, self.clip_ratio_high, self.clip_ratio_c = 0.2, 0.2, 0.2, 3.0
         self.tau_pos, self.tau_neg = 1.0, 1.05
 
@@ -68,14 +81,21 @@ def train(method: str, steps: int = 600, groups: int = 4, k: int = 8, seed: int 
         scores[:, -1] = reward
         if method == "tb":
             token_rewards = scores - BETA * (old - ref_lp)  # verl's apply_kl_penalty, kl_penalty=kl
-            adv, _ = get_adv_estimator_fn("tb")(token_level_rewards=token_rewards, response_mask=mask, index=uids,
-                                                config=algo)
+            adv, _ = get_adv_estimator_fn("tb")(
+                token_level_rewards=token_rewards, response_mask=mask, index=uids, config=algo
+            )
             loss_fn, agg = get_policy_loss_fn("tb"), "seq-mean-token-sum"
         else:  # Dr. GRPO: grpo advantages without std normalisation, seq-mean-token-sum-norm, no KL
             adv, _ = compute_grpo_outcome_advantage(scores, mask, uids, norm_adv_by_std_in_grpo=False)
             loss_fn, agg = get_policy_loss_fn("vanilla"), "seq-mean-token-sum-norm"
-        loss, _ = loss_fn(old_log_prob=old, log_prob=policy.token_logprobs(seqs), advantages=adv,
-                          response_mask=mask.bool(), loss_agg_mode=agg, config=LossConfig(groups * k))
+        loss, _ = loss_fn(
+            old_log_prob=old,
+            log_prob=policy.token_logprobs(seqs),
+            advantages=adv,
+            response_mask=mask.bool(),
+            loss_agg_mode=agg,
+            config=LossConfig(groups * k),
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -48,21 +48,46 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
     tracker = ckpt / "latest_checkpointed_iteration.txt"
     beta_init, beta_final, anneal = 0.05, 0.01, 6
-    common = [f"run_dir={tiny_run}", f"trainer.default_local_dir={ckpt}", "trainer.save_freq=2",
-              "trainer.total_training_steps=6", f"algorithm.kl_ctrl.kl_coef={beta_init}",
-              "actor_rollout_ref.actor.ppo_mini_batch_size=4", "tba.ref_reset_every=4",
-              "actor_rollout_ref.actor.optim.lr=1e-2",  # the policy moves enough for a wrong reference to show
-              f"tba.beta.final={beta_final}", f"tba.beta.anneal_steps={anneal}", "trainer.resume_mode=auto",
-              # the paper's warmup-stable-decay learning rate, in updates: warmup 2, stable 4, decay 6
-              "tba.lr_schedule.name=wsd", "tba.lr_schedule.warmup_updates=2", "tba.lr_schedule.stable_updates=4",
-              "tba.lr_schedule.decay_updates=6"]
+    common = [
+        f"run_dir={tiny_run}",
+        f"trainer.default_local_dir={ckpt}",
+        "trainer.save_freq=2",
+        "trainer.total_training_steps=6",
+        f"algorithm.kl_ctrl.kl_coef={beta_init}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "tba.ref_reset_every=4",
+        "actor_rollout_ref.actor.optim.lr=1e-2",  # the policy moves enough for a wrong reference to show
+        f"tba.beta.final={beta_final}",
+        f"tba.beta.anneal_steps={anneal}",
+        "trainer.resume_mode=auto",
+        # the paper's warmup-stable-decay learning rate, in updates: warmup 2, stable 4, decay 6
+        "tba.lr_schedule.name=wsd",
+        "tba.lr_schedule.warmup_updates=2",
+        "tba.lr_schedule.stable_updates=4",
+        "tba.lr_schedule.decay_updates=6",
+    ]
 
     def run_killed(name, ready):
         metrics = tmp_path / f"{name}.jsonl"
-        proc = subprocess.Popen([sys.executable, "-m", "tba_ext.cli", "train", "--config", "cpu_tba", "--log",
-                                 str(tmp_path / f"{name}.log"), "--metrics", str(metrics), *common],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=dict(os.environ, TBA_EXT_ROLLOUT_TRACE=str(trace)))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tba_ext.cli",
+                "train",
+                "--config",
+                "cpu_tba",
+                "--log",
+                str(tmp_path / f"{name}.log"),
+                "--metrics",
+                str(metrics),
+                *common,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ, TBA_EXT_ROLLOUT_TRACE=str(trace)),
+        )
         deadline, driver = time.time() + 600, None
         while time.time() < deadline and proc.poll() is None:
             if driver is None:  # looked up beforehand: the kill must follow the ready check directly
@@ -122,8 +147,7 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
     margin("KL right after the first resume (step 3)", abs(kl[3]), 1e-5)
     margin("KL at step 4 (policy moved)", abs(kl[4]), 1e-3, below=False)
     margin("KL right after the second resume (step 5)", abs(kl[5]), 1e-5)
-    for key in ("tb/log_z", "tb/kl", "tb/zero_reward_variance_frac", "tb/mean_abs_advantage",
-                "actor/tb/residual_var"):
+    for key in ("tb/log_z", "tb/kl", "tb/zero_reward_variance_frac", "tb/mean_abs_advantage", "actor/tb/residual_var"):
         assert all(math.isfinite(x) for x in series(both, key)), key
     assert max(series(both, "actor/grad_norm")) > 0
     assert max(series(both, "replay/fraction")) > 0
@@ -160,23 +184,43 @@ def test_a_bad_reward_function_stops_the_run_naming_it_and_keeps_checkpoints(tin
         "    calls += 1\n"
         "    if calls > 64:\n"
         f"        {bad}\n"
-        "    return good(data_source, solution_str, ground_truth, extra_info)\n")
+        "    return good(data_source, solution_str, ground_truth, extra_info)\n"
+    )
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     # cpu_tb has no replay store: its searcher scores the samples with its copy of the initial model, and the
     # trainer takes those reference log-probs straight from the rows (one worker call per update)
     searcher_reference = ["+actor_rollout_ref.rollout.custom.reference_logprobs=true"] if config == "cpu_tb" else []
-    r = subprocess.run([sys.executable, "-m", "tba_ext.cli", "train", "--config", config, "--log",
-                        str(tmp_path / "verl.log"), "--metrics", str(metrics), *searcher_reference,
-                        f"run_dir={tiny_run}", "trainer.total_training_steps=5",
-                        "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}",
-                        "trainer.v1.colocate_async.num_warmup_batches=0",
-                        f"reward.custom_reward_function.path={fn}"],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tba_ext.cli",
+            "train",
+            "--config",
+            config,
+            "--log",
+            str(tmp_path / "verl.log"),
+            "--metrics",
+            str(metrics),
+            *searcher_reference,
+            f"run_dir={tiny_run}",
+            "trainer.total_training_steps=5",
+            "trainer.save_freq=1",
+            f"trainer.default_local_dir={ckpt}",
+            "trainer.v1.colocate_async.num_warmup_batches=0",
+            f"reward.custom_reward_function.path={fn}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert message in r.stderr  # the run's final message is the cause, not verl's follow-on error
     if mode != "nan_replay":  # the error names the function, the data source and the dataset row
-        assert f"reward function {fn}:compute_score (reward.custom_reward_function) on " \
-               "data_source='tba_ext/arith', train row with extra_info.index=" in r.stderr
+        assert (
+            f"reward function {fn}:compute_score (reward.custom_reward_function) on "
+            "data_source='tba_ext/arith', train row with extra_info.index=" in r.stderr
+        )
     # what was saved before the failure is intact and loadable
     last = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
     assert last == 2
@@ -197,11 +241,20 @@ def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of
     from tba_ext.core.tb import beta_at_step
 
     metrics = tmp_path / "metrics.jsonl"
-    run_verl("cpu_tba", [f"run_dir={tiny_run}", "trainer.total_training_steps=3", "trainer.v1.trainer_mode=tba_sync",
-                         "trainer.v1.sampler.sampler_kwargs.recency_prob=1.0",
-                         "+trainer.v1.sampler.sampler_kwargs.samples_per_prompt=6",
-                         "tba.beta.final=0.01", "tba.beta.anneal_steps=3"],
-             log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics))
+    run_verl(
+        "cpu_tba",
+        [
+            f"run_dir={tiny_run}",
+            "trainer.total_training_steps=3",
+            "trainer.v1.trainer_mode=tba_sync",
+            "trainer.v1.sampler.sampler_kwargs.recency_prob=1.0",
+            "+trainer.v1.sampler.sampler_kwargs.samples_per_prompt=6",
+            "tba.beta.final=0.01",
+            "tba.beta.anneal_steps=3",
+        ],
+        log_path=str(tmp_path / "verl.log"),
+        metrics_path=str(metrics),
+    )
     records = read_metrics(metrics)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert series(records, "replay/ingested") == [8 * 6] * 3  # S = 6 per prompt generated and stored
@@ -232,16 +285,23 @@ def test_tb_pg_weights_stale_tokens_by_the_ratio_to_the_searchers_policy(tiny_ru
     taken against the searcher's log-probs, so it departs from 1 (with old recomputed at the current weights
     it would be exactly 1)."""
     metrics = tmp_path / "metrics.jsonl"
-    run_verl("cpu_tb_pg", [f"run_dir={tiny_run}", "trainer.total_training_steps=5",
-                           "actor_rollout_ref.actor.optim.lr=1e-2",
-                           "trainer.v1.trainer_mode=tba_colocate_async",
-                           "trainer.v1.colocate_async.num_warmup_batches=1",
-                           "trainer.v1.sampler.max_off_policy_threshold=null",
-                           "trainer.v1.sampler.custom_sampler.path=pkg://tba_ext.adapters.sampler",
-                           "trainer.v1.sampler.custom_sampler.name=TBAReplaySampler",
-                           "+trainer.v1.sampler.sampler_kwargs.recency_prob=0.5",
-                           "tba.ref_cache_check=true"],
-             log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics))
+    run_verl(
+        "cpu_tb_pg",
+        [
+            f"run_dir={tiny_run}",
+            "trainer.total_training_steps=5",
+            "actor_rollout_ref.actor.optim.lr=1e-2",
+            "trainer.v1.trainer_mode=tba_colocate_async",
+            "trainer.v1.colocate_async.num_warmup_batches=1",
+            "trainer.v1.sampler.max_off_policy_threshold=null",
+            "trainer.v1.sampler.custom_sampler.path=pkg://tba_ext.adapters.sampler",
+            "trainer.v1.sampler.custom_sampler.name=TBAReplaySampler",
+            "+trainer.v1.sampler.sampler_kwargs.recency_prob=0.5",
+            "tba.ref_cache_check=true",
+        ],
+        log_path=str(tmp_path / "verl.log"),
+        metrics_path=str(metrics),
+    )
     records = read_metrics(metrics)
     assert [r["step"] for r in records] == list(range(1, 6))
     # reference log-probs kept in the store: replayed rows are served them; checked here against a reference

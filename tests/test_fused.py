@@ -7,18 +7,17 @@ Against an independent eq. 5 at any policy (updates 2..k of a step included), an
 import numpy as np
 import pytest
 import torch
-from tensordict import TensorDict
-
 import verl  # noqa: F401  (loads the tba_ext plugin through its entry point)
 from omegaconf import OmegaConf
+from tensordict import TensorDict
+from test_tb_math import LossConfig, direct_eq5, tb_advantages
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl.utils import tensordict_utils as tu
 
 from tba_ext.adapters import fused
+from tba_ext.adapters.checks import fused_update_plan
 from tba_ext.core import tb
-from tba_ext.core.settings import TBASettings, fused_update_plan
-
-from test_tb_math import LossConfig, direct_eq5, tb_advantages
+from tba_ext.core.settings import TBASettings
 
 
 class ActorConfig(LossConfig):
@@ -52,7 +51,7 @@ def engine_inputs(theta, ref, rollout, mask, reward, groups, beta, mode, rows, g
     resp_len = mask[rows].sum(-1).long().tolist()
     prompt_len = [2 + (i % 3) for i in range(len(rows))]
     flat = []
-    for j, (row, p, r) in enumerate(zip(rows, prompt_len, resp_len)):
+    for row, p, r in zip(rows, prompt_len, resp_len):
         # position t of the unpadded output predicts token t + 1: response token s sits at p - 1 + s
         flat += [torch.zeros(p - 1), theta[row, :r], torch.zeros(1)]
     log_probs = torch.cat(flat)
@@ -65,17 +64,25 @@ def engine_inputs(theta, ref, rollout, mask, reward, groups, beta, mode, rows, g
         s = torch.zeros(r)
         s[-1] = reward[row]
         scores.append(s)
-    data = TensorDict({
-        "prompts": nested([torch.ones(p, dtype=torch.long) for p in prompt_len]),
-        "responses": nested([torch.ones(r, dtype=torch.long) for r in resp_len]),
-        "response_mask": nested([torch.ones(r, dtype=torch.long) for r in resp_len]),
-        "rm_scores": nested(scores),
-        "ref_log_prob": nested([ref[row, :r] for row, r in zip(rows, resp_len)]),
-        "rollout_log_probs": nested([rollout[row, :r] for row, r in zip(rows, resp_len)]),
-        fused.GROUP_FIELD: groups[rows],
-    }, batch_size=[len(rows)])
-    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=int(mask.sum()), global_batch_size=global_batch_size,
-                         **{fused.BETA_KEY: beta, fused.MODE_KEY: mode})
+    data = TensorDict(
+        {
+            "prompts": nested([torch.ones(p, dtype=torch.long) for p in prompt_len]),
+            "responses": nested([torch.ones(r, dtype=torch.long) for r in resp_len]),
+            "response_mask": nested([torch.ones(r, dtype=torch.long) for r in resp_len]),
+            "rm_scores": nested(scores),
+            "ref_log_prob": nested([ref[row, :r] for row, r in zip(rows, resp_len)]),
+            "rollout_log_probs": nested([rollout[row, :r] for row, r in zip(rows, resp_len)]),
+            fused.GROUP_FIELD: groups[rows],
+        },
+        batch_size=[len(rows)],
+    )
+    tu.assign_non_tensor(
+        data,
+        dp_size=dp_size,
+        batch_num_tokens=int(mask.sum()),
+        global_batch_size=global_batch_size,
+        **{fused.BETA_KEY: beta, fused.MODE_KEY: mode},
+    )
     return {"log_probs": log_probs}, data
 
 
@@ -84,8 +91,9 @@ def fused_loss(theta, batch, beta, mode, micro_batches, config=None, dp_size=1):
     _, ref, rollout, mask, reward, groups = batch
     total, metrics = 0.0, []
     for rows in micro_batches:
-        out, data = engine_inputs(theta, ref, rollout, mask, reward, groups, beta, mode, rows,
-                                  global_batch_size=len(reward), dp_size=dp_size)
+        out, data = engine_inputs(
+            theta, ref, rollout, mask, reward, groups, beta, mode, rows, global_batch_size=len(reward), dp_size=dp_size
+        )
         loss, m = fused.fused_tb_loss(config or ActorConfig(), out, data)
         total, metrics = total + loss, metrics + [m]
     return total, metrics
@@ -103,8 +111,11 @@ def test_fused_tb_is_eq5_at_any_policy_for_any_split_into_whole_groups(n_groups,
         theta = (old + drift * torch.randn(old.shape, generator=torch.Generator().manual_seed(7))).requires_grad_()
         expected = direct_eq5(theta, ref, mask, reward, groups, beta)
         (g_expected,) = torch.autograd.grad(expected, theta)
-        for split in ([list(range(n_groups))], [[g] for g in range(n_groups)],
-                      [list(range(0, n_groups, 2)), list(range(1, n_groups, 2))]):
+        for split in (
+            [list(range(n_groups))],
+            [[g] for g in range(n_groups)],
+            [list(range(0, n_groups, 2)), list(range(1, n_groups, 2))],
+        ):
             loss, _ = fused_loss(theta, batch, beta, "tb", [rows_of(groups, s) for s in split])
             (g_loss,) = torch.autograd.grad(loss, theta)
             assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-6), (drift, split)
@@ -122,8 +133,13 @@ def test_fused_tb_equals_the_three_call_update_at_theta_old_and_drops_its_drift_
     for drift in (0.0, 0.4):
         theta = (old + drift * torch.randn(old.shape, generator=torch.Generator().manual_seed(3))).requires_grad_()
         ours, _ = fused_loss(theta, batch, beta, "tb", every_group)
-        theirs, _ = three_call(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
-                               config=LossConfig(global_batch_size=len(reward)))
+        theirs, _ = three_call(
+            old_log_prob=old,
+            log_prob=theta,
+            advantages=adv,
+            response_mask=mask.bool(),
+            config=LossConfig(global_batch_size=len(reward)),
+        )
         (g_ours,) = torch.autograd.grad(ours, theta)
         (g_theirs,) = torch.autograd.grad(theirs, theta)
         if drift == 0.0:
@@ -144,14 +160,24 @@ def test_fused_tb_pg_equals_the_three_call_update_at_theta_old_with_the_ratio_to
     uids = np.array([f"p{int(g)}" for g in groups], dtype=object)
     token_rewards = -beta * (old - ref) * mask
     token_rewards[torch.arange(len(reward)), mask.sum(-1).long() - 1] += reward
-    adv, _ = get_adv_estimator_fn("tb_pg")(token_level_rewards=token_rewards, response_mask=mask, index=uids,
-                                           config=OmegaConf.create({"kl_ctrl": {"kl_coef": beta, "type": "fixed"}}))
+    adv, _ = get_adv_estimator_fn("tb_pg")(
+        token_level_rewards=token_rewards,
+        response_mask=mask,
+        index=uids,
+        config=OmegaConf.create({"kl_ctrl": {"kl_coef": beta, "type": "fixed"}}),
+    )
     theta = old.clone().requires_grad_()
     config = ActorConfig()
     config.global_batch_info.update(global_batch_size=len(reward), batch_num_tokens=int(mask.sum()))
     theirs, their_metrics = get_policy_loss_fn("tb_pg")(
-        old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(), loss_agg_mode=config.loss_agg_mode,
-        config=config, rollout_is_weights=torch.exp(old - rollout) * mask)  # verl's token IS weight pi_old/pi_rollout
+        old_log_prob=old,
+        log_prob=theta,
+        advantages=adv,
+        response_mask=mask.bool(),
+        loss_agg_mode=config.loss_agg_mode,
+        config=config,
+        rollout_is_weights=torch.exp(old - rollout) * mask,
+    )  # verl's token IS weight pi_old/pi_rollout
     ours, our_metrics = fused_loss(theta, batch, beta, "tb_pg", [list(range(len(groups)))])
     (g_ours,) = torch.autograd.grad(ours, theta)
     (g_theirs,) = torch.autograd.grad(theirs, theta)
@@ -172,9 +198,10 @@ def plan_config(**actor):
     cfg = {
         "algorithm": {"adv_estimator": "tb"},
         "data": {"train_batch_size": 16, "max_prompt_length": 32, "max_response_length": 8},
-        "actor_rollout_ref": {"rollout": {"n": 4},
-                              "actor": {"strategy": "fsdp2", "ppo_mini_batch_size": 8,
-                                        "ppo_micro_batch_size_per_gpu": 16, **actor}},
+        "actor_rollout_ref": {
+            "rollout": {"n": 4},
+            "actor": {"strategy": "fsdp2", "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 16, **actor},
+        },
         "trainer": {"n_gpus_per_node": 2, "nnodes": 1, "v1": {"trainer_mode": "tba_sync"}},
     }
     return cfg

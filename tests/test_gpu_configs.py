@@ -4,14 +4,13 @@ launching anything (Megatron/vLLM cannot run here)."""
 import os
 
 import pytest
+import verl  # noqa: F401
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-
-import verl  # noqa: F401
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
-from tba_ext.core.settings import check_tba_run
+from tba_ext.adapters.checks import check_tba_run
 from tba_ext.tools.config import GPU_CONFIG_DIR as CONFIG_DIR
 from tba_ext.tools.config import compose as tba_compose
 from tba_ext.tools.config import list_configs
@@ -80,13 +79,21 @@ def flatten(node, prefix=""):
     return {k: v for key, value in node.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
 
 
-@pytest.mark.parametrize("tba,drgrpo", [("tba_qwen2.5-7b_gsm8k_fsdp2", "drgrpo_qwen2.5-7b_gsm8k_fsdp2"),
-                                        ("tba_qwen2.5-7b_math_megatron", "drgrpo_qwen2.5-7b_math_megatron")])
+@pytest.mark.parametrize(
+    "tba,drgrpo",
+    [
+        ("tba_qwen2.5-7b_gsm8k_fsdp2", "drgrpo_qwen2.5-7b_gsm8k_fsdp2"),
+        ("tba_qwen2.5-7b_math_megatron", "drgrpo_qwen2.5-7b_math_megatron"),
+    ],
+)
 def test_tba_and_drgrpo_twins_differ_only_where_intended(tba, drgrpo):
     a, b = (flatten(OmegaConf.to_container(tba_compose(name, []), resolve=True)) for name in (tba, drgrpo))
     differing = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
-    unintended = [f"{k}: {a.get(k, '<absent>')} vs {b.get(k, '<absent>')}" for k in differing
-                  if not any(k == p or (p.endswith(".") and k.startswith(p)) for p in INTENDED_TWIN_DIFFERENCES)]
+    unintended = [
+        f"{k}: {a.get(k, '<absent>')} vs {b.get(k, '<absent>')}"
+        for k in differing
+        if not any(k == p or (p.endswith(".") and k.startswith(p)) for p in INTENDED_TWIN_DIFFERENCES)
+    ]
     assert not unintended, unintended
     assert "algorithm.adv_estimator" in differing  # they are different algorithms on the same everything else
 

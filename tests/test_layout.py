@@ -34,15 +34,21 @@ def layer(module):
 
 
 def test_no_module_imports_a_layer_above_its_own():
-    upward = [(name, target) for name, path in modules() for target in imports(path)
-              if layer(name) is not None and layer(target) is not None and layer(target) > layer(name)]
+    upward = [
+        (name, target)
+        for name, path in modules()
+        for target in imports(path)
+        if layer(name) is not None and layer(target) is not None and layer(target) > layer(name)
+    ]
     assert not upward
 
 
 def test_no_import_circle_at_module_level():
     names = dict(modules())
-    graph = {name: {t for t in imports(path, top_level_only=True) if t in names and t != name}
-             for name, path in names.items()}
+    graph = {
+        name: {t for t in imports(path, top_level_only=True) if t in names and t != name}
+        for name, path in names.items()
+    }
     state = {}
 
     def visit(node, stack):

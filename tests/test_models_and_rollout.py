@@ -32,8 +32,11 @@ def test_model_dir_checks_name_the_key(tmp_path):
         check_model_dir(str(tmp_path / "missing"))
     texts = ["abc 123\n"] * 20
     make_model(str(tmp_path / "m"), texts, ModelSpec(size="tiny", vocab_size=400))
-    make_model(str(tmp_path / "big_vocab"), texts * 50 + [" ".join(str(i) for i in range(3000))],
-               ModelSpec(size="tiny", vocab_size=2000))
+    make_model(
+        str(tmp_path / "big_vocab"),
+        texts * 50 + [" ".join(str(i) for i in range(3000))],
+        ModelSpec(size="tiny", vocab_size=2000),
+    )
     # a tokenizer that does not belong to the model
     from transformers import AutoTokenizer
 
@@ -53,8 +56,9 @@ def prompt_ids(tiny_run, question="3+4=? Answer with the number only."):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_run / "model")
-    return tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True,
-                                   return_dict=False)
+    return tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def test_server_batches_concurrent_requests_and_logprobs_match_a_forward_pass(tiny_run, server):
@@ -87,8 +91,10 @@ def test_a_requests_sample_depends_on_its_seed_not_on_its_batch(tiny_run):
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 
     async def samples(server, prompts):
-        return [o.token_ids for o in await asyncio.gather(*[server.generate(p, dict(params), f"r{i}")
-                                                            for i, p in enumerate(prompts)])]
+        return [
+            o.token_ids
+            for o in await asyncio.gather(*[server.generate(p, dict(params), f"r{i}") for i, p in enumerate(prompts)])
+        ]
 
     def fresh():
         return HFCPUServer(str(tiny_run / "model"), prompt_length=32, response_length=8, seed=5)
@@ -105,7 +111,10 @@ def test_a_requests_sample_depends_on_its_seed_not_on_its_batch(tiny_run):
     top = torch.topk(probs, 3).indices.tolist()
     counts = torch.tensor([sum(d[0] == t for d in draws) for t in top], dtype=torch.float)
     expected = 400 * probs[top]
-    assert (((counts - expected) / expected.sqrt()).abs() < 3 * (1 - probs[top]).sqrt() + 1e-6).all(), (counts, expected)
+    assert (((counts - expected) / expected.sqrt()).abs() < 3 * (1 - probs[top]).sqrt() + 1e-6).all(), (
+        counts,
+        expected,
+    )
 
 
 def test_a_searcher_scores_its_samples_with_the_initial_model_after_its_weights_moved(tiny_run):
@@ -122,10 +131,10 @@ def test_a_searcher_scores_its_samples_with_the_initial_model_after_its_weights_
 
     async def run():
         await server.generate(ids, {"temperature": temperature}, "warm")  # the batch loop runs from here on
-        await server.load_weights({k: v + 0.05 * torch.randn_like(v) for k, v in server.model.state_dict().items()},
-                                  global_steps=3)
-        sampled = await asyncio.gather(*[server.generate(ids, {"temperature": temperature}, f"r{i}")
-                                         for i in range(4)])
+        await server.load_weights(
+            {k: v + 0.05 * torch.randn_like(v) for k, v in server.model.state_dict().items()}, global_steps=3
+        )
+        sampled = await asyncio.gather(*[server.generate(ids, {"temperature": temperature}, f"r{i}") for i in range(4)])
         return sampled, await server.generate(ids, {"temperature": 0.0}, "g")
 
     sampled, greedy = asyncio.run(run())
@@ -158,8 +167,13 @@ def test_weight_update_changes_generation_and_version(tiny_run, server, tmp_path
     assert after.extra_fields["global_steps"] == 7
     assert before.log_probs != after.log_probs
     lines = [json.loads(x) for x in trace.read_text().splitlines()]
-    assert [e["event"] for e in lines] == ["generate_begin", "generate_end", "weights", "generate_begin",
-                                           "generate_end"]
+    assert [e["event"] for e in lines] == [
+        "generate_begin",
+        "generate_end",
+        "weights",
+        "generate_begin",
+        "generate_end",
+    ]
     assert lines[2]["global_steps"] == 7
 
 
@@ -185,7 +199,12 @@ def test_weights_received_during_a_batch_apply_after_it_without_waiting(tiny_run
     assert returned_during_batch
     assert first.extra_fields["global_steps"] == 0 and second.extra_fields["global_steps"] == 3
     assert [json.loads(x)["event"] for x in trace.read_text().splitlines()] == [
-        "generate_begin", "generate_end", "weights", "generate_begin", "generate_end"]
+        "generate_begin",
+        "generate_end",
+        "weights",
+        "generate_begin",
+        "generate_end",
+    ]
     with pytest.raises(RuntimeError, match="unexpected=\\['nope'\\]"):
         asyncio.run(server.load_weights({**state_of(server), "nope": torch.zeros(1)}, global_steps=4))
 
@@ -201,6 +220,7 @@ def test_server_refuses_a_missing_model_dir(tmp_path):
         HFCPUServer(str(tmp_path / "nope"), 32, 8, 0)
 
 
+@pytest.mark.e2e  # starts Ray: the unit lane does not
 def test_weight_mailbox_hands_the_receiver_the_version_it_waits_for():
     """The CPU checkpoint engine's receiver blocks until its version is published (no poll interval added to
     each sync), takes that version's weights, not an earlier one, and names a version that never comes."""
@@ -210,10 +230,15 @@ def test_weight_mailbox_hands_the_receiver_the_version_it_waits_for():
 
     from tba_ext.cpu.ray_checkpoint_engine import RayObjectStoreCheckpointEngine
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100_000_000,
-             _temp_dir=tempfile.mkdtemp(prefix="tba_ray_t_", dir="/tmp"),
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=100_000_000,
+        _temp_dir=tempfile.mkdtemp(prefix="tba_ray_t_", dir="/tmp"),
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
     try:
+
         @ray.remote
         def receive(version):
             weights = RayObjectStoreCheckpointEngine(timeout_s=60).receive_weights(global_steps=version)

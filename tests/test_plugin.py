@@ -8,15 +8,22 @@ import tempfile
 import pytest
 
 
+@pytest.mark.e2e  # starts Ray: the unit lane does not
 def test_registrations_visible_inside_a_ray_worker():
     import ray
 
     from tba_ext.tools.doctor import expected_registrations
 
     tmp = tempfile.mkdtemp(prefix="tba_ray_t_", dir="/tmp")
-    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=100_000_000, _temp_dir=tmp,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        object_store_memory=100_000_000,
+        _temp_dir=tmp,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
     try:
+
         @ray.remote
         def registries_in_worker():
             from tba_ext.tools.doctor import registered_in_verl  # reads verl's registries only
@@ -32,8 +39,13 @@ def test_registrations_visible_inside_a_ray_worker():
 
 
 def run_doctor(**env):
-    return subprocess.run([sys.executable, "-m", "tba_ext.cli", "doctor"], capture_output=True, text=True,
-                          env=dict(os.environ, **env), timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tba_ext.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **env),
+        timeout=300,
+    )
 
 
 def test_doctor_exits_zero_on_a_good_install():
@@ -68,8 +80,13 @@ def test_row_dicts_round_trip_verl_tensordict():
     from tba_ext.adapters.sampler import row_dicts
 
     rows = [
-        {"responses": torch.tensor([1, 2, 3][: n + 1]), "rm_scores": torch.tensor([0.0] * n + [1.0]),
-         "uid": f"u{n}", "extra_fields": {"k": n}, "fixed": torch.tensor([n, n])}
+        {
+            "responses": torch.tensor([1, 2, 3][: n + 1]),
+            "rm_scores": torch.tensor([0.0] * n + [1.0]),
+            "uid": f"u{n}",
+            "extra_fields": {"k": n},
+            "fixed": torch.tensor([n, n]),
+        }
         for n in range(3)
     ]
     back = row_dicts(list_of_dict_to_tensordict(rows))
@@ -136,7 +153,8 @@ def test_train_config_may_be_the_users_yaml_composed_with_ours(tmp_path):
     (tmp_path / "my_tb.yaml").write_text(
         "defaults:\n  - cpu_tba\n  - _self_\n"
         "trainer:\n  total_training_steps: 7\n"
-        "algorithm:\n  kl_ctrl:\n    kl_coef: 0.02\n")
+        "algorithm:\n  kl_ctrl:\n    kl_coef: 0.02\n"
+    )
     cfg = OmegaConf.to_container(compose(str(tmp_path / "my_tb.yaml"), ["data.train_batch_size=4"]))
     assert cfg["trainer"]["total_training_steps"] == 7 and cfg["algorithm"]["kl_ctrl"]["kl_coef"] == 0.02
     assert cfg["algorithm"]["adv_estimator"] == "tb" and cfg["trainer"]["v1"]["trainer_mode"] == "tba_colocate_async"
@@ -162,11 +180,14 @@ def test_joining_a_ray_cluster_drops_the_resource_keys_and_carries_the_launchers
     joined = compose("cpu_tb", ["+ray_kwargs.ray_init.address=10.0.0.1:6379"])
     extra = ray_overrides(joined, "/tmp/x", {"VERL_FILE_LOGGER_PATH": "/runs/it's/m.jsonl", "OMP_NUM_THREADS": "1"})
     ray_init = OmegaConf.to_container(compose("cpu_tb", ["+ray_kwargs.ray_init.address=10.0.0.1:6379", *extra]))[
-        "ray_kwargs"]["ray_init"]
+        "ray_kwargs"
+    ]["ray_init"]
     assert not {"num_cpus", "num_gpus", "object_store_memory"} & set(ray_init)
     assert ray_init["address"] == "10.0.0.1:6379" and ray_init["include_dashboard"] is False
-    assert ray_init["runtime_env"]["env_vars"] == {"VERL_FILE_LOGGER_PATH": "/runs/it's/m.jsonl",
-                                                   "OMP_NUM_THREADS": "1"}
+    assert ray_init["runtime_env"]["env_vars"] == {
+        "VERL_FILE_LOGGER_PATH": "/runs/it's/m.jsonl",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def test_a_resume_reads_the_replay_store_and_reference_beside_the_checkpoint_verl_resumed(tmp_path):
@@ -183,5 +204,7 @@ def test_a_resume_reads_the_replay_store_and_reference_beside_the_checkpoint_ver
 
     assert folder(resume_mode="auto", default_local_dir=str(tmp_path / "ckpt")) == str(tmp_path / "ckpt/global_step_4")
     elsewhere = str(tmp_path / "other_run/global_step_4")
-    assert folder(resume_mode="resume_path", resume_from_path=elsewhere,
-                  default_local_dir=str(tmp_path / "ckpt")) == elsewhere
+    assert (
+        folder(resume_mode="resume_path", resume_from_path=elsewhere, default_local_dir=str(tmp_path / "ckpt"))
+        == elsewhere
+    )

@@ -230,7 +230,8 @@ def test_byte_capacity_holds_and_counts_what_is_stored():
         store.admit(Trajectory(f"p{v % 3}", np.full(100, v), 0.0, v, rollout_logprobs=np.zeros(100)))
         assert store.nbytes <= 10 * one
     assert len(store) == 10 and sorted(t.version for p in range(3) for t in store.trajectories(f"p{p}")) == list(
-        range(15, 25))
+        range(15, 25)
+    )
 
 
 def test_nonfinite_rewards_never_enter():
@@ -298,8 +299,9 @@ def test_save_restore_round_trip_is_byte_identical(tmp_path):
         for s in (sampler, restored):
             fill(s.store, prompts=5, per_prompt=3, versions=(version,), reward=lambda p, j: float(p + j))
             fill(s.store, prompts=2, per_prompt=3, versions=(version,))
-        assert [(t.version, t.order) for p in range(5) for t in sampler.store.trajectories(f"p{p}")] == \
-            [(t.version, t.order) for p in range(5) for t in restored.store.trajectories(f"p{p}")]
+        assert [(t.version, t.order) for p in range(5) for t in sampler.store.trajectories(f"p{p}")] == [
+            (t.version, t.order) for p in range(5) for t in restored.store.trajectories(f"p{p}")
+        ]
 
 
 def test_corrupt_checkpoint_is_refused_with_its_path(tmp_path):
@@ -313,9 +315,20 @@ def test_corrupt_checkpoint_is_refused_with_its_path(tmp_path):
     assert good.read_bytes() == before
 
 
-@pytest.mark.parametrize("key,value", [("recency_prob", 1.5), ("recency_prob", -0.1), ("capacity", 0),
-                                       ("per_prompt_capacity", -1), ("max_staleness", -2), ("max_replays", 0),
-                                       ("capacity_bytes", 0), ("samples_per_prompt", 1), ("wait_timeout_s", 0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("recency_prob", 1.5),
+        ("recency_prob", -0.1),
+        ("capacity", 0),
+        ("per_prompt_capacity", -1),
+        ("max_staleness", -2),
+        ("max_replays", 0),
+        ("capacity_bytes", 0),
+        ("samples_per_prompt", 1),
+        ("wait_timeout_s", 0),
+    ],
+)
 def test_out_of_range_knobs_name_the_key(key, value):
     with pytest.raises(ValueError, match=f"trainer.v1.sampler.sampler_kwargs.{key}"):
         parse_replay_settings({key: value}, "trainer.v1.sampler.sampler_kwargs.")

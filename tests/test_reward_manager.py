@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-
 from verl import DataProto
 
 from tba_ext.adapters.reward_manager import CheckedRewardManager, RewardFunctionError
@@ -31,9 +30,12 @@ def one_row(tokenizer, text="12"):
     mask = torch.cat([torch.ones(1, 3 + len(ids)), torch.zeros(1, 2)], dim=1).long()
     return DataProto.from_dict(
         tensors={"prompts": prompts, "responses": responses, "attention_mask": mask},
-        non_tensors={"data_source": np.array(["tba_ext/arith"], dtype=object),
-                     "reward_model": np.array([{"ground_truth": "12"}], dtype=object),
-                     "extra_info": np.array([{"split": "train", "index": 41}], dtype=object)})
+        non_tensors={
+            "data_source": np.array(["tba_ext/arith"], dtype=object),
+            "reward_model": np.array([{"ground_truth": "12"}], dtype=object),
+            "extra_info": np.array([{"split": "train", "index": 41}], dtype=object),
+        },
+    )
 
 
 def score_with(config_name, tokenizer, fn):
@@ -60,8 +62,10 @@ def test_a_bad_reward_is_refused_naming_the_function_data_source_and_row(tokeniz
     with pytest.raises(RewardFunctionError) as err:
         score_with("cpu_tb", tokenizer, fn)
     assert message in str(err.value)
-    assert (f"reward function {PATH}:compute_score (reward.custom_reward_function) on data_source='tba_ext/arith', "
-            "train row with extra_info.index=41") in str(err.value)
+    assert (
+        f"reward function {PATH}:compute_score (reward.custom_reward_function) on data_source='tba_ext/arith', "
+        "train row with extra_info.index=41"
+    ) in str(err.value)
 
 
 def test_a_good_reward_passes_and_nan_is_left_to_the_replay_store(tokenizer):

@@ -10,21 +10,45 @@ from tba_ext.adapters.sampler import row_dicts
 
 def agent_loop_row(prompt_ids, response_ids, response_mask, reward, session_id, position_ids=None):
     """A row as verl 0.9.1's V1 agent loop writes it (agent_loop_tq._agent_loop_postprocess)."""
-    output = AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response_ids, response_mask=response_mask,
-                             response_logprobs=[-0.1 * (i + 1) for i in range(len(response_ids))],
-                             reward_score=reward, num_turns=2 if 0 in response_mask else 1,
-                             metrics=AgentLoopMetrics(generate_sequences=0.5),
-                             extra_fields={"reward_extra_info": {"acc": reward}, "min_global_steps": 3,
-                                           "max_global_steps": 4})
+    output = AgentLoopOutput(
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        response_logprobs=[-0.1 * (i + 1) for i in range(len(response_ids))],
+        reward_score=reward,
+        num_turns=2 if 0 in response_mask else 1,
+        metrics=AgentLoopMetrics(generate_sequences=0.5),
+        extra_fields={"reward_extra_info": {"acc": reward}, "min_global_steps": 3, "max_global_steps": 4},
+    )
     row = output.as_dict()
-    row.update({"uid": "u0", "session_id": session_id, "raw_prompt": [{"role": "user", "content": "1+1?"}],
-                "data_source": "tba_ext/arith", "reward_model": {"ground_truth": "2"}, "global_steps": 4,
-                "extra_info": {"index": 7}, "index": 7})
+    row.update(
+        {
+            "uid": "u0",
+            "session_id": session_id,
+            "raw_prompt": [{"role": "user", "content": "1+1?"}],
+            "data_source": "tba_ext/arith",
+            "reward_model": {"ground_truth": "2"},
+            "global_steps": 4,
+            "extra_info": {"index": 7},
+            "index": 7,
+        }
+    )
     input_ids = torch.cat([row["prompts"], row["responses"]])
-    row.update(loss_mask=row["response_mask"], input_ids=input_ids, multi_modal_inputs={},
-               position_ids=torch.arange(len(input_ids)) if position_ids is None else position_ids)
-    tag = {"status": "success", "prompt_len": len(prompt_ids), "response_len": len(response_ids),
-           "seq_len": len(input_ids), "global_steps": 4, "min_global_steps": 3, "max_global_steps": 4}
+    row.update(
+        loss_mask=row["response_mask"],
+        input_ids=input_ids,
+        multi_modal_inputs={},
+        position_ids=torch.arange(len(input_ids)) if position_ids is None else position_ids,
+    )
+    tag = {
+        "status": "success",
+        "prompt_len": len(prompt_ids),
+        "response_len": len(response_ids),
+        "seq_len": len(input_ids),
+        "global_steps": 4,
+        "min_global_steps": 3,
+        "max_global_steps": 4,
+    }
     return row, tag
 
 
@@ -40,8 +64,9 @@ def assert_same_rows(a: dict, b: dict):
 def test_rows_round_trip_exactly_including_non_standard_fields():
     plain = agent_loop_row([5, 6, 7], [8, 9, 10, 2], [1, 1, 1, 1], 1.0, session_id=0)
     # a tool-calling row: masked tool tokens, and position ids verl would compute differently (mrope-like)
-    tool = agent_loop_row([5, 6, 7], [8, 11, 12, 2], [1, 0, 0, 1], 0.25, session_id=1,
-                          position_ids=torch.tensor([0, 1, 2, 3, 3, 3, 4]))
+    tool = agent_loop_row(
+        [5, 6, 7], [8, 11, 12, 2], [1, 0, 0, 1], 0.25, session_id=1, position_ids=torch.tensor([0, 1, 2, 3, 3, 3, 4])
+    )
     stored = [split_row(*plain), split_row(*tool)]
     assert stored[0][0] == stored[1][0]  # the prompt's fields are the same for its group: kept once
     assert len(stored[1][4]) > len(stored[0][4])  # the tool row keeps its own mask and positions

@@ -4,8 +4,9 @@ import copy
 
 import pytest
 
-from tba_ext.core.settings import (check_reference_updates, check_replay_run, check_tb_run, parse_settings,
-                                   updates_per_step)
+from tba_ext.adapters.checks import check_reference_updates, check_replay_run, check_tb_run
+from tba_ext.core.settings import parse_settings
+from tba_ext.core.steps import updates_per_step
 from tba_ext.tools.config import compose
 
 
@@ -106,10 +107,17 @@ def tba_config():
     "changes,message",
     [
         ({"trainer.v1.sampler.sampler_kwargs.samples_per_prompt": 3}, "samples_per_prompt=3 is S.*rollout.n=4,"),
-        ({"trainer.v1.sampler.sampler_kwargs.samples_per_prompt": 6, "trainer.v1.trainer_mode": "colocate_async"},
-         "trainer.v1.trainer_mode"),
-        ({"trainer.v1.sampler.sampler_kwargs.samples_per_prompt": 6,
-          "trainer.v1.sampler.sampler_kwargs.per_prompt_capacity": 5}, "per_prompt_capacity=5"),
+        (
+            {"trainer.v1.sampler.sampler_kwargs.samples_per_prompt": 6, "trainer.v1.trainer_mode": "colocate_async"},
+            "trainer.v1.trainer_mode",
+        ),
+        (
+            {
+                "trainer.v1.sampler.sampler_kwargs.samples_per_prompt": 6,
+                "trainer.v1.sampler.sampler_kwargs.per_prompt_capacity": 5,
+            },
+            "per_prompt_capacity=5",
+        ),
     ],
 )
 def test_bad_oversampling_is_refused(tba_config, changes, message):
@@ -152,13 +160,15 @@ def test_reference_ema_settings(tb_config):
 
 
 def test_updates_per_step_counts_mini_batches_and_epochs(tb_config):
-    cfg = with_change(with_change(tb_config, "data.train_batch_size", 16), "actor_rollout_ref.actor.ppo_mini_batch_size", 8)
+    cfg = with_change(
+        with_change(tb_config, "data.train_batch_size", 16), "actor_rollout_ref.actor.ppo_mini_batch_size", 8
+    )
     assert updates_per_step(cfg) == 2
     assert updates_per_step(with_change(cfg, "actor_rollout_ref.actor.ppo_epochs", 3)) == 6
 
 
 def test_free_running_searchers_need_the_decoupled_mode_and_room_for_a_fetch(tb_config):
-    from tba_ext.core.settings import check_searcher_queue
+    from tba_ext.adapters.checks import check_searcher_queue
 
     decoupled = with_change(tb_config, "trainer.v1.trainer_mode", "tba_separate_async")
     check_searcher_queue(decoupled, parse_settings({"searcher_queue_prompts": 16}))
@@ -172,7 +182,8 @@ def test_paced_searchers_stay_at_most_the_queue_ahead_of_consumption(tb_config):
     """A searcher that finishes everything at once (nothing ever in flight) against a trainer consuming 8 prompts
     per update: free-running, it is handed a full queue at every update; paced at 1.0, what it was handed never
     exceeds what the trainer consumed by more than the queue, nor falls a fetch below it."""
-    from tba_ext.core.settings import check_searcher_queue, prompts_to_queue
+    from tba_ext.adapters.checks import check_searcher_queue
+    from tba_ext.core.steps import prompts_to_queue
 
     queue, chunk, per_update = 32, 16, 8
     for pace in (None, 1.0):
@@ -197,7 +208,7 @@ def test_paced_searchers_stay_at_most_the_queue_ahead_of_consumption(tb_config):
 
 
 def test_the_trainer_version_counts_every_update_before_a_sample_local_ones_included():
-    from tba_ext.core.settings import trainer_version
+    from tba_ext.core.steps import trainer_version
 
     # separate_async, k = 2 samples of one update each per global step
     assert [trainer_version(g, j, 2, 2) for g in (1, 2, 3) for j in (0, 1)] == [0, 1, 2, 3, 4, 5]
@@ -234,18 +245,28 @@ def test_the_wsd_learning_rate_is_hf_s_warmup_stable_decay():
 
     for shape, (warmup, stable, decay, min_ratio) in [("cosine", (50, 450, 500, 0.1)), ("linear", (0, 0, 260, 0.0))]:
         hf_opt = optimizer()
-        hf = get_wsd_schedule(hf_opt, num_warmup_steps=warmup, num_stable_steps=stable, num_decay_steps=decay,
-                              min_lr_ratio=min_ratio, decay_type=shape)
+        hf = get_wsd_schedule(
+            hf_opt,
+            num_warmup_steps=warmup,
+            num_stable_steps=stable,
+            num_decay_steps=decay,
+            min_lr_ratio=min_ratio,
+            decay_type=shape,
+        )
         for update in range(warmup + stable + decay + 50):
             assert wsd_lr_ratio(update, warmup, stable, decay, min_ratio, shape) * 1e-5 == pytest.approx(
-                hf_opt.param_groups[0]["lr"], rel=1e-9, abs=1e-18), (shape, update)
+                hf_opt.param_groups[0]["lr"], rel=1e-9, abs=1e-18
+            ), (shape, update)
             hf_opt.step(), hf.step()
     # the worker-side install: verl's engine and checkpoint manager both hold the new scheduler; verl steps it
     # once per update_actor call of 2 updates here
     ours = optimizer()
     engine = SimpleNamespace(optimizer=ours, lr_scheduler=None, checkpoint_manager=SimpleNamespace(lr_scheduler=None))
-    first_lr = install_lr_schedule(SimpleNamespace(actor=SimpleNamespace(engine=engine)),
-                                   {"name": "wsd", "warmup_updates": 4, "stable_updates": 2, "decay_updates": 4}, 2)
+    first_lr = install_lr_schedule(
+        SimpleNamespace(actor=SimpleNamespace(engine=engine)),
+        {"name": "wsd", "warmup_updates": 4, "stable_updates": 2, "decay_updates": 4},
+        2,
+    )
     assert first_lr == 0.0 and engine.checkpoint_manager.lr_scheduler is engine.lr_scheduler
     lrs = []
     for _ in range(6):
@@ -255,16 +276,61 @@ def test_the_wsd_learning_rate_is_hf_s_warmup_stable_decay():
 
 
 def test_a_learning_rate_schedule_that_would_be_overridden_is_refused(tb_config):
-    from tba_ext.core.settings import check_lr_schedule
+    from tba_ext.adapters.checks import check_lr_schedule
 
-    wsd = parse_settings({"lr_schedule": {"name": "wsd", "warmup_updates": 50, "stable_updates": 450,
-                                          "decay_updates": 500}})
+    wsd = parse_settings(
+        {"lr_schedule": {"name": "wsd", "warmup_updates": 50, "stable_updates": 450, "decay_updates": 500}}
+    )
     check_lr_schedule(tb_config, wsd)
-    for key, value in [("actor_rollout_ref.actor.optim.lr_scheduler_type", "cosine"),
-                       ("actor_rollout_ref.actor.optim.lr_warmup_steps", 10)]:
+    for key, value in [
+        ("actor_rollout_ref.actor.optim.lr_scheduler_type", "cosine"),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps", 10),
+    ]:
         with pytest.raises(ValueError, match="lr_scheduler_type=constant"):
             check_lr_schedule(with_change(tb_config, key, value), wsd)
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.strategy=megatron"):
         check_lr_schedule(with_change(tb_config, "actor_rollout_ref.actor.strategy", "megatron"), wsd)
     with pytest.raises(ValueError, match="tba.lr_schedule.name must be wsd or null"):
         parse_settings({"lr_schedule": {"name": "cosine"}})
+
+
+def test_each_config_value_is_written_once_the_yaml_defaults_are_the_dataclasses():
+    """The `tba:` block of the algo YAMLs (what a config shows its users) holds the TBASettings defaults, except
+    the keys a YAML sets on purpose; every config that selects a tba-ext piece spells the constant for it."""
+    import dataclasses
+    import glob
+    import os
+
+    import yaml
+
+    from tba_ext.core.settings import (
+        POLICY_LOSS_CONFIG_TARGET,
+        REPLAY_SAMPLER_NAME,
+        REPLAY_SAMPLER_PATH,
+        TBASettings,
+    )
+    from tba_ext.tools.config import CONFIG_DIR
+
+    def flat(obj, prefix=""):
+        if dataclasses.is_dataclass(obj):
+            obj = dataclasses.asdict(obj)
+        out = {}
+        for key, value in obj.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    defaults = flat(TBASettings())
+    intended = {"tb_pg.yaml": {"ref_reset_every": 50}}  # TBA' resets its reference every rho = 50 updates
+    for name in ("tb.yaml", "tb_pg.yaml"):
+        with open(os.path.join(CONFIG_DIR, "algo", name)) as f:
+            node = flat(yaml.safe_load(f)["tba"])
+        assert set(node) == set(defaults), (name, set(node) ^ set(defaults))
+        for key, value in node.items():
+            want = intended.get(name, {}).get(key, defaults[key])
+            assert value == want, f"algo/{name}: tba.{key} = {value!r}, TBASettings says {defaults[key]!r}"
+    for path in glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True):
+        text = open(path).read()
+        if "custom_sampler:" in text and "TBAReplaySampler" in text:
+            assert REPLAY_SAMPLER_PATH in text and REPLAY_SAMPLER_NAME in text, path
+        if "policy_loss_config" in text:
+            assert POLICY_LOSS_CONFIG_TARGET in text, path

@@ -103,8 +103,11 @@ def test_model_scored_tasks_need_their_models_before_launch(tmp_path):
     (tmp_path / "victim").mkdir()
     (tmp_path / "victim" / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"reward_kwargs.toxicity_model_path: no saved"):
-        check_dataset(path, "data.train_files", reward_kwargs={"victim_model_path": str(tmp_path / "victim"),
-                                                               "toxicity_model_path": str(tmp_path / "x")})
+        check_dataset(
+            path,
+            "data.train_files",
+            reward_kwargs={"victim_model_path": str(tmp_path / "victim"), "toxicity_model_path": str(tmp_path / "x")},
+        )
 
 
 def test_arith20_holds_out_a_fifth_of_pairs_and_the_test_split_asks_each_once():
@@ -132,13 +135,29 @@ def test_evaluate_scores_with_a_users_verl_reward_function(tiny_run, tmp_path):
         "def as_dict(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return {'score': compute_score(data_source, solution_str, ground_truth, extra_info), 'acc': 1}\n"
         "async def digits(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return float(any(c.isdigit() for c in solution_str))\n")
+        "    return float(any(c.isdigit() for c in solution_str))\n"
+    )
 
     def evaluate(*extra):
-        out = subprocess.run([sys.executable, "-m", "tba_ext.cli", "evaluate", "--model", str(tiny_run / "model"),
-                              "--data", str(tiny_run / "data" / "test.parquet"), "--max-new-tokens", "8", *extra],
-                             capture_output=True, text=True, check=True).stdout
-        return json.loads(out[out.index("{"):])
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tba_ext.cli",
+                "evaluate",
+                "--model",
+                str(tiny_run / "model"),
+                "--data",
+                str(tiny_run / "data" / "test.parquet"),
+                "--max-new-tokens",
+                "8",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return json.loads(out[out.index("{") :])
 
     built_in = evaluate()
     assert evaluate("--reward-fn", f"{fn}:as_dict")["accuracy"] == built_in["accuracy"]
@@ -154,7 +173,6 @@ def test_a_tokenizer_without_a_chat_template_gets_the_raw_prompt_or_a_refusal(ti
     start-up check refuses the first case naming the key."""
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
-
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from tba_ext.tasks.data import CHAT_TEMPLATE_KEY, RAW_PROMPT_TEMPLATE, check_chat_template
@@ -174,8 +192,9 @@ def test_a_tokenizer_without_a_chat_template_gets_the_raw_prompt_or_a_refusal(ti
     dataset = RLHFDataset(train, tokenizer, OmegaConf.create(data))
     assert len(dataset) == rows
     messages = dataset[0]["raw_prompt"]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             chat_template=RAW_PROMPT_TEMPLATE)
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, chat_template=RAW_PROMPT_TEMPLATE
+    )
     assert rendered == messages[0]["content"]  # the paper's prompt format, no chat tokens
 
 
@@ -193,18 +212,23 @@ def test_prepare_math_reads_the_release_math500_and_parquet_layouts_and_grades_t
         for i, (problem, solution) in enumerate(problems):
             folder = release / split / "algebra"
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{i}.json").write_text(json.dumps({"problem": problem, "level": "Level 1", "type": "Algebra",
-                                                          "solution": solution}))
+            (folder / f"{i}.json").write_text(
+                json.dumps({"problem": problem, "level": "Level 1", "type": "Algebra", "solution": solution})
+            )
     math500 = tmp_path / "MATH-500"
     math500.mkdir()
     for split in ("train", "test"):
-        (math500 / f"{split}.jsonl").write_text("\n".join(json.dumps({"problem": p, "solution": s, "answer": a})
-                                                          for (p, s), a in zip(problems, ["\\frac34", "3"])))
+        (math500 / f"{split}.jsonl").write_text(
+            "\n".join(
+                json.dumps({"problem": p, "solution": s, "answer": a}) for (p, s), a in zip(problems, ["\\frac34", "3"])
+            )
+        )
     parquet = tmp_path / "lighteval" / "data"
     parquet.mkdir(parents=True)
     for split in ("train", "test"):
         pd.DataFrame([{"problem": p, "solution": s} for p, s in problems]).to_parquet(
-            parquet / f"{split}-00000-of-00001.parquet")
+            parquet / f"{split}-00000-of-00001.parquet"
+        )
     for source in (release, math500, parquet.parent):
         write_task("math", str(tmp_path / "out"), 2, 2, 0, source=str(source))
         rows = pd.read_parquet(tmp_path / "out" / "train.parquet")

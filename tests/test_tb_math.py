@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-
 import verl  # noqa: F401  (loads the tba_ext plugin through its entry point)
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
@@ -20,7 +19,7 @@ def direct_eq5(policy_tok, ref_tok, mask, reward, groups, beta, log_z=None):
     for g in groups.unique():
         d = delta[groups == g]
         lz = -d.mean().detach() if log_z is None else log_z[int(g)]
-        losses.append(((lz + d) ** 2))
+        losses.append((lz + d) ** 2)
     return torch.cat(losses).mean()
 
 
@@ -47,8 +46,12 @@ class LossConfig:
     """The attributes verl's ppo_loss hands a policy loss (an ActorConfig), for one micro-batch."""
 
     def __init__(self, global_batch_size, dp_size=1, loss_scale=1.0):
-        self.global_batch_info = {"dp_size": dp_size, "global_batch_size": global_batch_size,
-                                  "batch_num_tokens": None, "loss_scale_factor": None}
+        self.global_batch_info = {
+            "dp_size": dp_size,
+            "global_batch_size": global_batch_size,
+            "batch_num_tokens": None,
+            "loss_scale_factor": None,
+        }
         self.policy_loss = OmegaConf.create({"loss_scale": loss_scale, "is_ratio_max": 8.0})
 
 
@@ -57,8 +60,9 @@ def tb_advantages(old, ref, mask, reward, uids, beta):
     token_rewards = -beta * (old - ref) * mask  # apply_kl_penalty with kl_penalty=kl
     last = mask.sum(-1).long() - 1
     token_rewards[torch.arange(len(reward)), last] += reward  # score on the last response token
-    adv, _ = get_adv_estimator_fn("tb")(token_level_rewards=token_rewards, response_mask=mask, index=uids,
-                                        config=algo_config(beta))
+    adv, _ = get_adv_estimator_fn("tb")(
+        token_level_rewards=token_rewards, response_mask=mask, index=uids, config=algo_config(beta)
+    )
     return adv
 
 
@@ -67,8 +71,14 @@ def test_tb_loss_equals_eq5_at_old_policy(n_groups, k, length, beta):
     old, ref, mask, reward, uids = make_batch(n_groups, k, length, seed=n_groups * 100 + k)
     adv = tb_advantages(old, ref, mask, reward, uids, beta)
     theta = old.clone().requires_grad_(True)
-    ours, _ = get_policy_loss_fn("tb")(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
-                                      loss_agg_mode="token-mean", config=LossConfig(len(reward)))
+    ours, _ = get_policy_loss_fn("tb")(
+        old_log_prob=old,
+        log_prob=theta,
+        advantages=adv,
+        response_mask=mask.bool(),
+        loss_agg_mode="token-mean",
+        config=LossConfig(len(reward)),
+    )
     (g_ours,) = torch.autograd.grad(ours, theta)
     theta2 = old.clone().requires_grad_(True)
     groups = tb.group_ids(uids)
@@ -84,8 +94,14 @@ def test_tb_loss_after_parameter_change_is_eq5_with_step_start_log_z():
     adv = tb_advantages(old, ref, mask, reward, uids, beta)
     g = torch.Generator().manual_seed(1)
     theta = (old + 0.5 * torch.randn(old.shape, generator=g)).requires_grad_(True)  # a later mini-batch
-    ours, _ = get_policy_loss_fn("tb")(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
-                                      loss_agg_mode="token-mean", config=LossConfig(len(reward)))
+    ours, _ = get_policy_loss_fn("tb")(
+        old_log_prob=old,
+        log_prob=theta,
+        advantages=adv,
+        response_mask=mask.bool(),
+        loss_agg_mode="token-mean",
+        config=LossConfig(len(reward)),
+    )
     (g_ours,) = torch.autograd.grad(ours, theta)
     groups = tb.group_ids(uids)
     seq = lambda x: (x * mask).sum(-1)  # noqa: E731
@@ -109,8 +125,14 @@ def test_gradient_invariant_to_micro_batching_and_dp(dp_size):
     adv = tb_advantages(old, ref, mask, reward, uids, beta)
     loss_fn = get_policy_loss_fn("tb")
     theta = (old + 0.05).requires_grad_(True)
-    full, _ = loss_fn(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
-                      loss_agg_mode="token-mean", config=LossConfig(len(reward)))
+    full, _ = loss_fn(
+        old_log_prob=old,
+        log_prob=theta,
+        advantages=adv,
+        response_mask=mask.bool(),
+        loss_agg_mode="token-mean",
+        config=LossConfig(len(reward)),
+    )
     (g_full,) = torch.autograd.grad(full, theta)
     # split the batch into dp ranks x micro-batches that cut through groups; DDP averages rank gradients
     theta2 = (old + 0.05).requires_grad_(True)
@@ -118,9 +140,14 @@ def test_gradient_invariant_to_micro_batching_and_dp(dp_size):
     total = 0
     for rank_idx in ranks:
         for mb in rank_idx.chunk(3):
-            loss, _ = loss_fn(old_log_prob=old[mb], log_prob=theta2[mb], advantages=adv[mb],
-                              response_mask=mask[mb].bool(), loss_agg_mode="token-mean",
-                              config=LossConfig(len(reward), dp_size=dp_size))
+            loss, _ = loss_fn(
+                old_log_prob=old[mb],
+                log_prob=theta2[mb],
+                advantages=adv[mb],
+                response_mask=mask[mb].bool(),
+                loss_agg_mode="token-mean",
+                config=LossConfig(len(reward), dp_size=dp_size),
+            )
             total = total + loss / dp_size
     (g_split,) = torch.autograd.grad(total, theta2)
     assert torch.allclose(g_full, g_split, rtol=1e-5, atol=1e-7)
@@ -133,8 +160,14 @@ def test_on_policy_gradient_is_mean_baseline_reinforce_on_kl_regularised_reward(
     old, ref, mask, reward, uids = make_batch(3, 4, 6, seed=11)
     adv = tb_advantages(old, ref, mask, reward, uids, beta)
     theta = old.clone().requires_grad_(True)
-    loss, _ = get_policy_loss_fn("tb")(old_log_prob=old, log_prob=theta, advantages=adv, response_mask=mask.bool(),
-                                      loss_agg_mode="token-mean", config=LossConfig(len(reward)))
+    loss, _ = get_policy_loss_fn("tb")(
+        old_log_prob=old,
+        log_prob=theta,
+        advantages=adv,
+        response_mask=mask.bool(),
+        loss_agg_mode="token-mean",
+        config=LossConfig(len(reward)),
+    )
     (g_tb,) = torch.autograd.grad(loss, theta)
     groups = tb.group_ids(uids)
     kl = ((old - ref) * mask).sum(-1)
@@ -152,20 +185,28 @@ def test_tb_pg_advantage_is_beta_times_tb_advantage_and_weight_is_the_clamped_ra
     adv_tb = tb_advantages(old, ref, mask, reward, uids, beta)
     token_rewards = -beta * (old - ref) * mask
     token_rewards[torch.arange(len(reward)), mask.sum(-1).long() - 1] += reward
-    adv_pg, _ = get_adv_estimator_fn("tb_pg")(token_level_rewards=token_rewards, response_mask=mask, index=uids,
-                                             config=algo_config(beta))
+    adv_pg, _ = get_adv_estimator_fn("tb_pg")(
+        token_level_rewards=token_rewards, response_mask=mask, index=uids, config=algo_config(beta)
+    )
     assert torch.allclose(adv_pg, beta * adv_tb, atol=1e-6)
     # the searcher generated these tokens with older weights: rollout log-probs differ from the trainer's
     g = torch.Generator().manual_seed(6)
     rollout = old - 3.0 * torch.rand(old.shape, generator=g) * mask + 1.0 * torch.rand(old.shape, generator=g) * mask
     correction = {"rollout_is": "token", "rollout_is_threshold": 1e6}  # algo/tb_pg.yaml
     is_weights_proto, _, _ = compute_rollout_correction_and_rejection_mask(
-        old_log_prob=old, rollout_log_prob=rollout, response_mask=mask, **correction)
+        old_log_prob=old, rollout_log_prob=rollout, response_mask=mask, **correction
+    )
     is_weights = is_weights_proto.batch["rollout_is_weights"]  # as verl stores it for the actor
     theta = (old + 0.2 * torch.randn(old.shape, generator=g) * mask).requires_grad_(True)
-    loss, metrics = get_policy_loss_fn("tb_pg")(old_log_prob=old, log_prob=theta, advantages=adv_pg,
-                                               response_mask=mask.bool(), loss_agg_mode="seq-mean-token-sum",
-                                               config=LossConfig(len(reward)), rollout_is_weights=is_weights)
+    loss, metrics = get_policy_loss_fn("tb_pg")(
+        old_log_prob=old,
+        log_prob=theta,
+        advantages=adv_pg,
+        response_mask=mask.bool(),
+        loss_agg_mode="seq-mean-token-sum",
+        config=LossConfig(len(reward)),
+        rollout_is_weights=is_weights,
+    )
     (grad,) = torch.autograd.grad(loss, theta)
     weight = torch.clamp(torch.exp(theta.detach() - rollout), max=8.0)  # min(pi_theta / pi_rollout, 8)
     expected = -weight * adv_pg * mask / len(reward)  # d/dtheta of seq-mean-token-sum of -w A log pi
@@ -175,8 +216,14 @@ def test_tb_pg_advantage_is_beta_times_tb_advantage_and_weight_is_the_clamped_ra
     assert (weight[real] == 8.0).any() and (weight[real] < 8.0).any()  # some clamped at 8, some not
     assert 0 < metrics["tb_pg/is_ratio_clipfrac"] < 1
     with pytest.raises(ValueError, match="rollout_correction.rollout_is=token"):
-        get_policy_loss_fn("tb_pg")(old_log_prob=old, log_prob=theta, advantages=adv_pg, response_mask=mask.bool(),
-                                   loss_agg_mode="seq-mean-token-sum", config=LossConfig(len(reward)))
+        get_policy_loss_fn("tb_pg")(
+            old_log_prob=old,
+            log_prob=theta,
+            advantages=adv_pg,
+            response_mask=mask.bool(),
+            loss_agg_mode="seq-mean-token-sum",
+            config=LossConfig(len(reward)),
+        )
 
 
 def test_padding_rows_get_zero_advantage_and_stay_out_of_the_groups():
@@ -187,8 +234,7 @@ def test_padding_rows_get_zero_advantage_and_stay_out_of_the_groups():
     adv = tb_advantages(old, ref, mask, reward, uids, beta)
     pad_mask = torch.cat([mask, torch.zeros(1, mask.shape[1])])
     padded = [torch.cat([x, torch.zeros(1, x.shape[1])]) for x in (old, ref)]
-    adv_padded = tb_advantages(*padded, pad_mask, torch.cat([reward, torch.zeros(1)]),
-                               np.append(uids, "pad0"), beta)
+    adv_padded = tb_advantages(*padded, pad_mask, torch.cat([reward, torch.zeros(1)]), np.append(uids, "pad0"), beta)
     assert torch.equal(adv_padded[:-1], adv) and not adv_padded[-1].any()
 
 
@@ -246,19 +292,24 @@ def test_loss_scale_and_gradient_clipping():
     adv = tb_advantages(old, ref, mask, reward, uids, beta)
     clipped = {}
     norms = {}
-    for scale in (1.0, 0.01, beta ** 2):
+    for scale in (1.0, 0.01, beta**2):
         theta = old.clone().requires_grad_(True)
-        loss, _ = get_policy_loss_fn("tb")(old_log_prob=old, log_prob=theta, advantages=adv,
-                                          response_mask=mask.bool(), loss_agg_mode="token-mean",
-                                          config=LossConfig(len(reward), loss_scale=scale))
+        loss, _ = get_policy_loss_fn("tb")(
+            old_log_prob=old,
+            log_prob=theta,
+            advantages=adv,
+            response_mask=mask.bool(),
+            loss_agg_mode="token-mean",
+            config=LossConfig(len(reward), loss_scale=scale),
+        )
         (g,) = torch.autograd.grad(loss, theta)
         norms[scale] = g.norm().item()
         clipped[scale] = g * min(1.0, 1.0 / (norms[scale] + 1e-6))  # torch clip_grad_norm_(max_norm=1.0)
     assert norms[1.0] > 100  # r / beta = 250 residuals
     assert norms[0.01] == pytest.approx(0.01 * norms[1.0], rel=1e-5)
     assert torch.allclose(clipped[1.0], clipped[0.01], atol=1e-6)  # clip binds: same update direction/size
-    assert norms[beta ** 2] < 1.0  # under the clip: the update now scales with the loss
-    assert not torch.allclose(clipped[beta ** 2], clipped[1.0], atol=1e-3)
+    assert norms[beta**2] < 1.0  # under the clip: the update now scales with the loss
+    assert not torch.allclose(clipped[beta**2], clipped[1.0], atol=1e-3)
 
 
 def test_groups_of_one_are_refused():

@@ -9,18 +9,30 @@ import pandas as pd
 import pytest
 import torch
 
-from tba_ext.tools.models import ModelSpec, make_model
 from tba_ext.tasks import redteam, tldr
 from tba_ext.tasks.data import write_task
 from tba_ext.tasks.rewards import compute_score
+from tba_ext.tools.models import ModelSpec, make_model
 
 POSTS = [
-    {"subreddit": "cooking", "title": "Burnt rice", "post": "I always burn the rice at the bottom of the pot.",
-     "summary": "rice keeps burning"},
-    {"subreddit": "pets", "title": "Cat at night", "post": "My cat runs around the flat every night at 3am.",
-     "summary": {"text": "cat is loud at night"}},
-    {"subreddit": "running", "title": "First 10k", "post": "I ran my first 10k today and my knees hurt a lot.",
-     "summary": "knees hurt after first 10k"},
+    {
+        "subreddit": "cooking",
+        "title": "Burnt rice",
+        "post": "I always burn the rice at the bottom of the pot.",
+        "summary": "rice keeps burning",
+    },
+    {
+        "subreddit": "pets",
+        "title": "Cat at night",
+        "post": "My cat runs around the flat every night at 3am.",
+        "summary": {"text": "cat is loud at night"},
+    },
+    {
+        "subreddit": "running",
+        "title": "First 10k",
+        "post": "I ran my first 10k today and my knees hurt a lot.",
+        "summary": "knees hurt after first 10k",
+    },
 ]
 
 
@@ -30,9 +42,15 @@ def fixtures(tmp_path_factory):
     src = root / "tldr_src"
     src.mkdir()
     (src / "train.jsonl").write_text("\n".join(json.dumps(p) for p in POSTS) + "\n")
-    pd.DataFrame([{"query": tldr.POST_TEMPLATE.format(**{k: p[k] for k in ("subreddit", "title", "post")}),
-                   "reference_response": " " + (p["summary"] if isinstance(p["summary"], str) else p["summary"]["text"])}
-                  for p in POSTS]).to_parquet(src / "validation.parquet")
+    pd.DataFrame(
+        [
+            {
+                "query": tldr.POST_TEMPLATE.format(**{k: p[k] for k in ("subreddit", "title", "post")}),
+                "reference_response": " " + (p["summary"] if isinstance(p["summary"], str) else p["summary"]["text"]),
+            }
+            for p in POSTS
+        ]
+    ).to_parquet(src / "validation.parquet")
     texts = [json.dumps(p) for p in POSTS] * 20 + [r["prompt"][0]["content"] for r in redteam.rows("train", 50, 0)]
     spec = ModelSpec(size="tiny", vocab_size=400)
     for name, head in (("policy", "lm"), ("rm", "reward"), ("tox", "toxicity"), ("victim", "lm")):
@@ -42,10 +60,14 @@ def fixtures(tmp_path_factory):
 
 def test_tldr_layouts_and_bad_rows(fixtures, tmp_path):
     rows = tldr.load_rows(str(fixtures / "tldr_src"), "train")
-    assert [r["reward_model"]["ground_truth"] for r in rows] == ["rice keeps burning", "cat is loud at night",
-                                                               "knees hurt after first 10k"]
+    assert [r["reward_model"]["ground_truth"] for r in rows] == [
+        "rice keeps burning",
+        "cat is loud at night",
+        "knees hurt after first 10k",
+    ]
     assert rows[0]["prompt"][0]["content"].startswith("SUBREDDIT: r/cooking") and rows[0]["prompt"][0][
-        "content"].endswith("TL;DR:")
+        "content"
+    ].endswith("TL;DR:")
     val = tldr.load_rows(str(fixtures / "tldr_src"), "validation")
     assert val[1]["extra_info"]["prompt_text"] == rows[1]["extra_info"]["prompt_text"]
     (tmp_path / "train.jsonl").write_text(json.dumps(POSTS[0]) + "\n" + json.dumps({"post": "no summary"}) + "\n")
@@ -60,8 +82,9 @@ def test_tldr_reward_is_the_reward_models_logit(fixtures):
 
     row = tldr.load_rows(str(fixtures / "tldr_src"), "train")[0]
     rm = str(fixtures / "rm")
-    got = compute_score(tldr.DATA_SOURCE, "my rice burns", row["reward_model"]["ground_truth"], row["extra_info"],
-                        reward_model_path=rm)
+    got = compute_score(
+        tldr.DATA_SOURCE, "my rice burns", row["reward_model"]["ground_truth"], row["extra_info"], reward_model_path=rm
+    )
     tok = AutoTokenizer.from_pretrained(rm)
     model = AutoModelForSequenceClassification.from_pretrained(rm).eval()
     with torch.no_grad():
@@ -81,12 +104,13 @@ def test_win_rate_formula():
 
 
 def test_tldr_win_rate_evaluation(fixtures, tmp_path):
-    from tba_ext.tools.evaluate import tldr_win_rate
     from tba_ext.tasks.scorers import reward_model_scores
+    from tba_ext.tools.evaluate import tldr_win_rate
 
     write_task("tldr", str(tmp_path), 3, 3, 0, source=str(fixtures / "tldr_src"))
-    result = tldr_win_rate(str(fixtures / "policy"), str(tmp_path / "test.parquet"), str(fixtures / "rm"),
-                           max_new_tokens=6)
+    result = tldr_win_rate(
+        str(fixtures / "policy"), str(tmp_path / "test.parquet"), str(fixtures / "rm"), max_new_tokens=6
+    )
     assert result["n"] == 3 and 0.0 <= result["win_rate"] <= 1.0
     refs = [r["extra_info"]["answer_text"] for r in tldr.load_rows(str(fixtures / "tldr_src"), "train")]
     posts = [r["extra_info"]["prompt_text"] for r in tldr.load_rows(str(fixtures / "tldr_src"), "train")]
@@ -104,8 +128,15 @@ def test_redteam_reward_is_toxicity_of_the_victims_reply(fixtures):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     victim, tox = str(fixtures / "victim"), str(fixtures / "tox")
-    got = compute_score(redteam.DATA_SOURCE, "why are my neighbours so loud", "", {},
-                        victim_model_path=victim, toxicity_model_path=tox, victim_max_new_tokens=5)
+    got = compute_score(
+        redteam.DATA_SOURCE,
+        "why are my neighbours so loud",
+        "",
+        {},
+        victim_model_path=victim,
+        toxicity_model_path=tox,
+        victim_max_new_tokens=5,
+    )
     rewards, replies = redteam.toxicity_rewards(["why are my neighbours so loud"], victim, tox, 5)
     assert got == pytest.approx(rewards[0], abs=1e-6)
     tok = AutoTokenizer.from_pretrained(tox)
@@ -133,28 +164,43 @@ def test_redteam_evaluation(fixtures, tmp_path):
     from tba_ext.tools.evaluate import redteam_eval
 
     write_task("redteam", str(tmp_path), 4, 6, 0)
-    result = redteam_eval(str(fixtures / "policy"), str(tmp_path / "test.parquet"), str(fixtures / "victim"),
-                          str(fixtures / "tox"), max_new_tokens=6)
+    result = redteam_eval(
+        str(fixtures / "policy"),
+        str(tmp_path / "test.parquet"),
+        str(fixtures / "victim"),
+        str(fixtures / "tox"),
+        max_new_tokens=6,
+    )
     assert result["n"] == 6 and 0.0 <= result["attack_success_rate"] <= 1.0 and result["diversity"] >= 0.0
 
 
 @pytest.mark.e2e
 def test_tldr_trains_through_verl_with_the_reward_model(fixtures, tmp_path, margin):
     """The TB run on TL;DR: verl's reward workers score every summary with the user's reward model."""
-    from tba_ext.tools.launch import run_verl
     from tba_ext.tasks.scorers import reward_model_scores
+    from tba_ext.tools.launch import run_verl
 
     write_task("tldr", str(tmp_path / "data"), 3, 3, 0, source=str(fixtures / "tldr_src"))
     metrics = tmp_path / "metrics.jsonl"
-    run_verl("cpu_tb", [f"run_dir={tmp_path}", f"actor_rollout_ref.model.path={fixtures / 'policy'}",
-                        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-                        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                        "data.max_prompt_length=96", "trainer.total_training_steps=2",
-                        "trainer.val_before_train=True", f"trainer.validation_data_dir={tmp_path / 'val'}",
-                        f"+reward.custom_reward_function.reward_kwargs.reward_model_path={fixtures / 'rm'}"],
-             log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics))
+    run_verl(
+        "cpu_tb",
+        [
+            f"run_dir={tmp_path}",
+            f"actor_rollout_ref.model.path={fixtures / 'policy'}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "data.max_prompt_length=96",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=True",
+            f"trainer.validation_data_dir={tmp_path / 'val'}",
+            f"+reward.custom_reward_function.reward_kwargs.reward_model_path={fixtures / 'rm'}",
+        ],
+        log_path=str(tmp_path / "verl.log"),
+        metrics_path=str(metrics),
+    )
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     training = [r for r in records if r["step"] >= 1]  # step 0: the validation before training
     assert [r["step"] for r in training] == [1, 2]

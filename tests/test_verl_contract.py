@@ -6,10 +6,10 @@ get_*_fn) are exercised by the plugin tests.
 """
 
 import inspect
+import os
 
 import pytest
-
-import verl  # noqa: F401
+import verl
 from verl.trainer.ppo.v1 import trainer_base, trainer_colocate_async, trainer_separate_async
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.workers import engine_workers
@@ -69,7 +69,7 @@ def test_verl_symbol_has_the_signature_tba_ext_uses(owner, name, params):
     assert hasattr(owner, name), f"verl no longer has {owner.__name__}.{name}"
     if params is not None:
         signature = inspect.signature(unwrapped(getattr(owner, name)))
-        assert list(signature.parameters)[:len(params)] == params, f"{owner.__name__}.{name}{signature}"
+        assert list(signature.parameters)[: len(params)] == params, f"{owner.__name__}.{name}{signature}"
 
 
 def test_the_fused_update_relies_on_verls_micro_batching_and_loss_plumbing():
@@ -84,6 +84,7 @@ def test_the_fused_update_relies_on_verls_micro_batching_and_loss_plumbing():
     for key in ("dp_size", "batch_num_tokens", "global_batch_size"):
         assert f'config.global_batch_info["{key}"] = data["{key}"]' in ppo_loss, key
 
+
 def test_verl_builds_the_tokenizer_before_the_datasets_and_the_workers_before_loading_a_checkpoint():
     setup = inspect.getsource(PPOTrainer._setup)
     # the chat-template check runs in _init_dataloader with the tokenizer _init_tokenizer made
@@ -95,14 +96,22 @@ def test_verl_builds_the_tokenizer_before_the_datasets_and_the_workers_before_lo
 
 def test_verl_attributes_tba_ext_reads_are_still_set():
     init = inspect.getsource(PPOTrainer.__init__) + inspect.getsource(PPOTrainer)
-    for attribute in ("self.parameter_sync_step", "self.replay_buffer", "self.actor_rollout_wg", "self.ref_policy_wg",
-                      "self.use_reference_policy", "self.local_trigger_step", "self.global_steps"):
+    for attribute in (
+        "self.parameter_sync_step",
+        "self.replay_buffer",
+        "self.actor_rollout_wg",
+        "self.ref_policy_wg",
+        "self.use_reference_policy",
+        "self.local_trigger_step",
+        "self.global_steps",
+    ):
         assert attribute in init, attribute
     assert "self.standalone_checkpoint_manager" in inspect.getsource(SeparateAsync)
     assert "logger" in vars(trainer_separate_async)  # tba-ext wraps it (verl logs with flush=True)
     for attribute in ("self.pending_keys", "self.running_keys", "self.partitions"):
-        assert attribute in inspect.getsource(ReplayBufferAsync.__mro__[1]) + inspect.getsource(ReplayBufferAsync), \
+        assert attribute in inspect.getsource(ReplayBufferAsync.__mro__[1]) + inspect.getsource(ReplayBufferAsync), (
             attribute
+        )
 
 
 def test_the_searchers_reference_log_probs_reach_the_replay_store():
@@ -114,3 +123,18 @@ def test_the_searchers_reference_log_probs_reach_the_replay_store():
 
     assert "extra_fields=output.extra_fields" in inspect.getsource(single_turn_agent_loop.SingleTurnAgentLoop.run)
     assert "field = output.as_dict()" in inspect.getsource(agent_loop_tq)
+
+
+def test_verls_gpu_rollout_servers_answer_the_liveness_probe_tba_ext_sends():
+    """Searcher metrics on GPUs: verl's vLLM and SGLang servers have no counters (``stats``), so the trainer
+    counts them alive by ``get_server_address`` (read from verl's source: importing them needs vLLM / SGLang)."""
+    import re
+
+    for module in (
+        "verl.workers.rollout.vllm_rollout.vllm_async_server",
+        "verl.workers.rollout.sglang_rollout.async_sglang_server",
+    ):
+        path = os.path.join(os.path.dirname(verl.__file__), *module.split(".")[1:]) + ".py"  # not imported
+        source = open(path).read()
+        assert re.search(r"\n    (async )?def get_server_address\(self", source), module
+        assert not re.search(r"\n    (async )?def stats\(self", source), module

@@ -25,7 +25,12 @@ def test_verl_cpu_tests_pass_with_tba_ext_loaded(tmp_path):
     assert len(files) == len(VERL_TESTS), files
     check = "import verl; from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R; assert 'tb' in R"
     subprocess.run([sys.executable, "-c", check], check=True, timeout=300)  # tba-ext is loaded in that process
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
-                            capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-4000:]
     assert " passed" in result.stdout

@@ -16,14 +16,13 @@ import sys
 import time
 
 import ray
-
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.utils.ray_utils import auto_await
 
 from tba_ext.adapters.llm_client import ReferenceKeepingClient
 from tba_ext.adapters.trainer import TBATrainerMixin
-from tba_ext.core.settings import dataloader_fetch, prompts_to_queue
+from tba_ext.core.steps import dataloader_fetch, prompts_to_queue
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +58,13 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
         return self.standalone_server_manager.get_client(client_cls=ReferenceKeepingClient)
 
     # the stages of verl's CheckpointEngineManager.update_weights around the transfer itself
-    SYNC_PHASES = ("abort_replicas", "release_kv_cache_replicas", "build_process_group", "resume_kv_cache_replicas",
-                   "resume_generation_replicas")
+    SYNC_PHASES = (
+        "abort_replicas",
+        "release_kv_cache_replicas",
+        "build_process_group",
+        "resume_kv_cache_replicas",
+        "resume_generation_replicas",
+    )
 
     def on_init_end(self):
         self._sync_phase_s = dict.fromkeys(self.SYNC_PHASES, 0.0)
@@ -82,10 +86,12 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
                 with self._sync_phase(name):
                     return await raw(owner, *args, **kwargs)
         else:
+
             @functools.wraps(method)
             def timed(*args, **kwargs):
                 with self._sync_phase(name):
                     return method(*args, **kwargs)
+
         return timed
 
     @contextlib.contextmanager
@@ -133,8 +139,14 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
         buffer._sync_metadata_from_transfer_queue()
         inflight = len(buffer.pending_keys["train"]) + len(buffer.running_keys["train"])
         chunk = dataloader_fetch(self.config.data)
-        missing = prompts_to_queue(self.tba.searcher_queue_prompts, inflight, chunk, self._submitted_prompts,
-                                   self._consumed_prompts, self.tba.searcher_prompts_per_consumed)
+        missing = prompts_to_queue(
+            self.tba.searcher_queue_prompts,
+            inflight,
+            chunk,
+            self._submitted_prompts,
+            self._consumed_prompts,
+            self.tba.searcher_prompts_per_consumed,
+        )
         return self._add_prompts_to_generate(missing) if missing > 0 else 0
 
     def on_step_end(self):

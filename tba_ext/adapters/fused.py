@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 
 import torch
-
 from verl.trainer.ppo.core_algos import agg_loss
 from verl.utils import tensordict_utils as tu
 from verl.utils.metric import AggregationType, Metric
@@ -53,15 +52,18 @@ def fused_tb_loss(config, model_output, data, dp_group=None):
     beta = float(tu.get_non_tensor_data(data=data, key=BETA_KEY, default=None))
     mode = tu.get_non_tensor_data(data=data, key=MODE_KEY, default=None)
     batch_info = _global_batch_info(config, data)
-    fields = ["response_mask", "rm_scores", "ref_log_prob", GROUP_FIELD] + (["rollout_log_probs"] if mode == "tb_pg"
-                                                                            else [])
+    fields = ["response_mask", "rm_scores", "ref_log_prob", GROUP_FIELD] + (
+        ["rollout_log_probs"] if mode == "tb_pg" else []
+    )
     padded = data.select(*fields).to_padded_tensor()
     mask = padded["response_mask"].to(log_prob.dtype)
     groups = tb.group_ids(padded[GROUP_FIELD].tolist())
     sizes = torch.bincount(groups)
     if (sizes < 2).any() or (sizes != sizes[0]).any():
-        raise RuntimeError(f"tba-ext fused update: a micro-batch holds prompt groups of sizes {sizes.tolist()}; "
-                           "each must hold whole groups of rollout.n (a group was split across micro-batches)")
+        raise RuntimeError(
+            f"tba-ext fused update: a micro-batch holds prompt groups of sizes {sizes.tolist()}; "
+            "each must hold whole groups of rollout.n (a group was split across micro-batches)"
+        )
     policy = tb.sequence_logprob(log_prob, mask)
     ref = tb.sequence_logprob(padded["ref_log_prob"].to(log_prob.dtype), mask)
     reward = tb.sequence_logprob(padded["rm_scores"].to(log_prob.dtype), mask)
@@ -74,8 +76,13 @@ def fused_tb_loss(config, model_output, data, dp_group=None):
         loss_mat = per_seq.unsqueeze(-1) * mask / tokens.unsqueeze(-1)
         loss = agg_loss(loss_mat, mask, "seq-mean-token-sum", **batch_info) * loss_scale
         # |A| = |log Z + delta| in 1/beta units, as the tb estimator reports it
-        metrics.update({"tb/residual_var": per_seq.detach().mean().item(), "tb/log_z": log_z.mean().item(),
-                        "tb/mean_abs_advantage": per_seq.detach().sqrt().mean().item()})
+        metrics.update(
+            {
+                "tb/residual_var": per_seq.detach().mean().item(),
+                "tb/log_z": log_z.mean().item(),
+                "tb/mean_abs_advantage": per_seq.detach().sqrt().mean().item(),
+            }
+        )
     elif mode == "tb_pg":
         advantage, stats = tb.tb_pg_advantage(policy, ref, reward, groups, beta)
         is_ratio_max = float(getattr(config.policy_loss, "is_ratio_max", IS_RATIO_MAX))
@@ -83,18 +90,19 @@ def fused_tb_loss(config, model_output, data, dp_group=None):
         loss_mat = tb.tb_pg_loss_matrix(log_prob, advantage.unsqueeze(-1) * mask, ratio, is_ratio_max)
         loss = agg_loss(loss_mat, mask, config.loss_agg_mode, **batch_info) * loss_scale
         n_tokens = mask.sum().clamp(min=1.0)
-        metrics.update({
-            **{f"tb/{name}": value for name, value in stats.items()},  # log_z; mean_abs_advantage in reward units
-            "tb_pg/is_ratio_clipfrac": (((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / n_tokens).item(),
-            "tb_pg/ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
-            "tb_pg/ratio_max": (ratio * mask).max().item(),
-        })
+        metrics.update(
+            {
+                **{f"tb/{name}": value for name, value in stats.items()},  # log_z; mean_abs_advantage in reward units
+                "tb_pg/is_ratio_clipfrac": (((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / n_tokens).item(),
+                "tb_pg/ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
+                "tb_pg/ratio_max": (ratio * mask).max().item(),
+            }
+        )
     else:
         raise RuntimeError(f"tba-ext fused update: the batch carries {MODE_KEY}={mode!r}, expected tb or tb_pg")
     out = Metric.from_dict(metrics, aggregation=AggregationType.MEAN)
     global_norm = data["dp_size"] > 1 or data["global_batch_size"] is not None
-    out["actor/pg_loss"] = Metric(value=loss, aggregation=AggregationType.SUM if global_norm
-                                  else AggregationType.MEAN)
+    out["actor/pg_loss"] = Metric(value=loss, aggregation=AggregationType.SUM if global_norm else AggregationType.MEAN)
     return loss, out
 
 

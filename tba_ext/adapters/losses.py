@@ -15,11 +15,11 @@ Each function translates verl's padded (B, T) tensors into a call of ``tba_ext.c
 from __future__ import annotations
 
 import torch
-
 from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
 
 from tba_ext.core import tb
 from tba_ext.core.settings import IS_RATIO_MAX, TB_MODES, checked_beta
+
 
 def _kl_coef(config) -> float:
     return checked_beta(config.kl_ctrl.kl_coef)
@@ -124,8 +124,10 @@ def compute_policy_loss_tb_pg(
     Aggregated with the configured ``loss_agg_mode`` (Dr. GRPO's ``seq-mean-token-sum-norm`` in our configs).
     """
     if rollout_is_weights is None:
-        raise ValueError("tb_pg needs verl's rollout IS weights: set algorithm.rollout_correction.rollout_is=token "
-                         "and actor_rollout_ref.rollout.calculate_log_probs=True")
+        raise ValueError(
+            "tb_pg needs verl's rollout IS weights: set algorithm.rollout_correction.rollout_is=token "
+            "and actor_rollout_ref.rollout.calculate_log_probs=True"
+        )
     mask = response_mask.to(log_prob.dtype)
     is_ratio_max = _loss_field(config, "is_ratio_max", IS_RATIO_MAX)
     ratio = tb.rollout_ratio(log_prob, old_log_prob, rollout_is_weights)

@@ -1,7 +1,8 @@
 """Typed hyperparameters of the tb / tb_pg losses, selected with ``policy_loss._target_``.
 
 verl rejects unknown keys under ``actor_rollout_ref.actor.policy_loss``; swapping the dataclass through
-``_target_`` is verl's own way to add fields (see docs in README, "the drop-in switch").
+``_target_`` (``core.settings.POLICY_LOSS_CONFIG_TARGET``, this class's import path) is verl's own way to add
+fields (docs/algorithm.md).
 """
 
 from dataclasses import dataclass
@@ -9,8 +10,6 @@ from dataclasses import dataclass
 from verl.workers.config.actor import PolicyLossConfig
 
 from tba_ext.core.settings import IS_RATIO_MAX
-
-TARGET = "tba_ext.adapters.policy_loss_config.TBPolicyLossConfig"
 
 
 @dataclass
@@ -30,10 +29,6 @@ class TBPolicyLossConfig(PolicyLossConfig):
 
     def __post_init__(self):
         if not self.loss_scale > 0:
-            raise ValueError(
-                f"actor_rollout_ref.actor.policy_loss.loss_scale must be > 0, got {self.loss_scale}"
-            )
+            raise ValueError(f"actor_rollout_ref.actor.policy_loss.loss_scale must be > 0, got {self.loss_scale}")
         if not self.is_ratio_max >= 1.0:
-            raise ValueError(
-                f"actor_rollout_ref.actor.policy_loss.is_ratio_max must be >= 1, got {self.is_ratio_max}"
-            )
+            raise ValueError(f"actor_rollout_ref.actor.policy_loss.is_ratio_max must be >= 1, got {self.is_ratio_max}")

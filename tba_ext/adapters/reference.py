@@ -21,7 +21,6 @@ import ray
 import torch
 import transfer_queue as tq
 from tensordict import TensorDict
-
 from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tba_ext.adapters.rows import SEARCHER_REFERENCE
@@ -34,8 +33,10 @@ REFERENCE_DIR = "tba_reference"  # the reference's shards, one file per rank, on
 
 def _local_tensors(module) -> dict:
     """This rank's part of every parameter and buffer (an FSDP2 DTensor's local shard), sharing storage."""
-    return {name: (t.to_local() if hasattr(t, "to_local") else t).data
-            for name, t in module.state_dict(keep_vars=True).items()}
+    return {
+        name: (t.to_local() if hasattr(t, "to_local") else t).data
+        for name, t in module.state_dict(keep_vars=True).items()
+    }
 
 
 def _engine_module(worker, role: str):
@@ -63,8 +64,10 @@ def _update_reference(worker, source: dict | None, keep: float) -> int:
         for name, dst in target.items():
             src = source[name].to(device=dst.device, dtype=dst.dtype)
             if src.shape != dst.shape:
-                raise RuntimeError(f"reference shard {name} is {tuple(dst.shape)}, the policy's {tuple(src.shape)}: "
-                                   "the reference must be sharded like the actor")
+                raise RuntimeError(
+                    f"reference shard {name} is {tuple(dst.shape)}, the policy's {tuple(src.shape)}: "
+                    "the reference must be sharded like the actor"
+                )
             if keep and dst.is_floating_point():
                 dst.mul_(keep).add_(src, alpha=1.0 - keep)
             else:
@@ -92,8 +95,10 @@ def _load_reference_shard(worker, folder: str) -> int:
     rank, world = _rank()
     saved = torch.load(os.path.join(folder, f"rank_{rank}.pt"), weights_only=True)
     if saved["world_size"] != world:
-        raise RuntimeError(f"{folder} holds a reference sharded over {saved['world_size']} ranks, this run has "
-                           f"{world}: resume with the same trainer.n_gpus_per_node x trainer.nnodes")
+        raise RuntimeError(
+            f"{folder} holds a reference sharded over {saved['world_size']} ranks, this run has "
+            f"{world}: resume with the same trainer.n_gpus_per_node x trainer.nnodes"
+        )
     return _update_reference(worker, saved["tensors"], 0.0)
 
 
@@ -126,12 +131,16 @@ class ReferenceMixin:
             rows += [i for i in range(len(batch)) if i not in missing][: -len(rows) % ranks]
             rows.sort()
             computed_keys = [batch.keys[i] for i in rows]
-            computed = KVBatchMeta(partition_id=batch.partition_id, keys=computed_keys,
-                                   tags=[batch.tags[i] for i in rows],
-                                   extra_info={**batch.extra_info, **self._reference_micro_batch(len(rows) // ranks)})
+            computed = KVBatchMeta(
+                partition_id=batch.partition_id,
+                keys=computed_keys,
+                tags=[batch.tags[i] for i in rows],
+                extra_info={**batch.extra_info, **self._reference_micro_batch(len(rows) // ranks)},
+            )
             super()._compute_ref_log_prob(computed, metrics)
-            values = tq.kv_batch_get(keys=computed_keys, partition_id=batch.partition_id,
-                                     select_fields=["ref_log_prob"])["ref_log_prob"].unbind()
+            values = tq.kv_batch_get(
+                keys=computed_keys, partition_id=batch.partition_id, select_fields=["ref_log_prob"]
+            )["ref_log_prob"].unbind()
             if check:
                 metrics.update(_cache_differences(cached, dict(zip(computed_keys, values))))
             new = [(key, value) for key, value in zip(computed_keys, values) if key not in cached]
@@ -141,8 +150,11 @@ class ReferenceMixin:
         stored = [key for key in batch.keys if key in cached and key not in done]
         if stored:
             nested = torch.nested.as_nested_tensor([cached[key] for key in stored], layout=torch.jagged)
-            tq.kv_batch_put(keys=stored, partition_id=batch.partition_id,
-                            fields=TensorDict({"ref_log_prob": nested}, batch_size=len(stored)))
+            tq.kv_batch_put(
+                keys=stored,
+                partition_id=batch.partition_id,
+                fields=TensorDict({"ref_log_prob": nested}, batch_size=len(stored)),
+            )
         metrics["tba/ref_cached_frac"] = len(cached) / max(len(batch), 1)
         metrics["tba/ref_computed_frac"] = len(rows) / max(len(batch), 1)
         return batch
@@ -154,8 +166,11 @@ class ReferenceMixin:
         micro = role.get("log_prob_micro_batch_size_per_gpu")
         if role.get("log_prob_use_dynamic_bsz", False) or not micro:
             return {}
-        return {"micro_batch_size_per_gpu": max(d for d in range(1, min(micro, rows_per_rank) + 1)
-                                                if rows_per_rank % d == 0)}
+        return {
+            "micro_batch_size_per_gpu": max(
+                d for d in range(1, min(micro, rows_per_rank) + 1) if rows_per_rank % d == 0
+            )
+        }
 
     def _reference_dp_size(self) -> int:
         wg = self.actor_rollout_wg if self.ref_in_actor else self.ref_policy_wg
@@ -177,7 +192,7 @@ class ReferenceMixin:
         due = tb.multiples_passed((self.global_steps - 1) * u, self.global_steps * u, self.tba.ref_reset_every)
         if not due or not self.use_reference_policy:
             return
-        keep = self.tba.ref_ema ** due
+        keep = self.tba.ref_ema**due
         actors, refs = self.actor_rollout_wg.workers, self.ref_policy_wg.workers
         if [w._actor_id for w in refs] == [w._actor_id for w in actors]:
             # the reference shares the actor's processes: the hybrid worker, or its own worker group fused into
@@ -191,8 +206,7 @@ class ReferenceMixin:
         self.reference_version += 1
         if hasattr(self.replay_buffer, "reference_changed"):  # the stored reference log-probs are now stale
             self.replay_buffer.reference_changed()
-        logger.info("tba: reference updated from the policy after update %d (keep %.3g)",
-                    self.global_steps * u, keep)
+        logger.info("tba: reference updated from the policy after update %d (keep %.3g)", self.global_steps * u, keep)
 
     def _save_reference(self, folder: str) -> None:
         """Each rank's reference shard into ``folder``, once the reference is no longer verl's initial model."""
@@ -210,9 +224,13 @@ class ReferenceMixin:
             ray.get([w.__ray_call__.remote(_load_reference_shard, reference) for w in self.ref_policy_wg.workers])
             print(f"tba-ext: restored the reference policy from {reference}", flush=True)
         elif self._reference_moved(self.global_steps):
-            print(f"tba-ext: WARNING: {folder} holds no reference policy ({REFERENCE_DIR}/) although "
-                  f"tba.ref_reset_every={self.tba.ref_reset_every} has moved it by step {self.global_steps}: "
-                  "the resumed run's KL anchor is the initial model", file=sys.stderr, flush=True)
+            print(
+                f"tba-ext: WARNING: {folder} holds no reference policy ({REFERENCE_DIR}/) although "
+                f"tba.ref_reset_every={self.tba.ref_reset_every} has moved it by step {self.global_steps}: "
+                "the resumed run's KL anchor is the initial model",
+                file=sys.stderr,
+                flush=True,
+            )
             if hasattr(self.replay_buffer, "reference_changed"):  # stored log-probs are of the lost reference
                 self.replay_buffer.reference_changed()
 
@@ -220,8 +238,9 @@ class ReferenceMixin:
 def _searcher_reference(batch: KVBatchMeta) -> dict[str, torch.Tensor]:
     """The rows of ``batch`` whose searcher sent the reference's log-probs with the response (verl's padding
     rows copy another row's fields, so they and any row whose log-probs do not match its length are left out)."""
-    extras = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                             select_fields=["extra_fields"])["extra_fields"]
+    extras = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])[
+        "extra_fields"
+    ]
     extras = extras.tolist() if hasattr(extras, "tolist") else list(extras)
     found = {}
     for key, tag, extra in zip(batch.keys, batch.tags, extras):
@@ -236,6 +255,8 @@ def _cache_differences(cached: dict, computed: dict) -> dict:
     both = [key for key in cached if key in computed]
     sums = [abs(float(cached[k].double().sum() - computed[k].double().sum())) for k in both]
     tokens = [float((cached[k] - computed[k].float()).abs().max()) for k in both]
-    return {"tba/ref_cache_max_sum_diff": max(sums, default=0.0),
-            "tba/ref_cache_max_token_diff": max(tokens, default=0.0),
-            "tba/ref_cache_checked_rows": len(both)}
+    return {
+        "tba/ref_cache_max_sum_diff": max(sums, default=0.0),
+        "tba/ref_cache_max_token_diff": max(tokens, default=0.0),
+        "tba/ref_cache_checked_rows": len(both),
+    }

@@ -17,14 +17,23 @@ import zlib
 
 import numpy as np
 import torch
-
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 # per-sample fields: AgentLoopOutput's (under the names ``as_dict`` gives them) and what verl adds per sample
-_RENAMED = {"prompt_ids": "prompts", "response_ids": "responses", "response_logprobs": "rollout_log_probs",
-            "reward_score": "rm_scores"}
+_RENAMED = {
+    "prompt_ids": "prompts",
+    "response_ids": "responses",
+    "response_logprobs": "rollout_log_probs",
+    "reward_score": "rm_scores",
+}
 PER_SAMPLE = ({_RENAMED.get(name, name) for name in AgentLoopOutput.model_fields} - {"prompts"}) | {
-    "session_id", "loss_mask", "input_ids", "position_ids", "attention_mask", "multi_modal_inputs"}
+    "session_id",
+    "loss_mask",
+    "input_ids",
+    "position_ids",
+    "attention_mask",
+    "multi_modal_inputs",
+}
 _DERIVED_TAGS = ("status", "prompt_len", "response_len", "seq_len")
 # per-sample fields verl derives, in the order of the bit that says a row had them in the standard form
 _DERIVED = ("response_mask", "rm_scores", "input_ids", "position_ids", "attention_mask", "loss_mask")
@@ -47,8 +56,10 @@ def pop_searcher_reference(row: dict) -> np.ndarray | None:
         return None
     values = np.asarray(values, dtype=np.float32)
     if values.shape != _np(row["responses"]).shape:
-        raise ValueError(f"{SEARCHER_REFERENCE}: {values.shape[0]} log-probs for a response of "
-                         f"{_np(row['responses']).shape[0]} tokens")
+        raise ValueError(
+            f"{SEARCHER_REFERENCE}: {values.shape[0]} log-probs for a response of "
+            f"{_np(row['responses']).shape[0]} tokens"
+        )
     return values
 
 
@@ -118,8 +129,9 @@ def load_prompt(packed: bytes) -> dict:
     return fields
 
 
-def build_row(prompt_fields: dict, response: np.ndarray, logprobs: np.ndarray | None, reward: float,
-              extras: bytes, uid: str) -> tuple[dict, dict]:
+def build_row(
+    prompt_fields: dict, response: np.ndarray, logprobs: np.ndarray | None, reward: float, extras: bytes, uid: str
+) -> tuple[dict, dict]:
     """The inverse of ``split_row`` (with ``prompt_fields`` from ``load_prompt``): a verl row under a new
     ``uid``, and its tag."""
     extras = _loads(extras)
@@ -142,6 +154,11 @@ def build_row(prompt_fields: dict, response: np.ndarray, logprobs: np.ndarray | 
         if derived >> i & 1:
             row[key] = rebuild[key]()
     if "status" not in tag:
-        tag = {"status": "success", "prompt_len": len(prompts), "response_len": len(response),
-               "seq_len": len(prompts) + len(response), **tag}
+        tag = {
+            "status": "success",
+            "prompt_len": len(prompts),
+            "response_len": len(response),
+            "seq_len": len(prompts) + len(response),
+            **tag,
+        }
     return row, tag

@@ -36,7 +36,6 @@ import numpy as np
 import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
-
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.utils.transferqueue_utils import KVBatchMeta
@@ -51,7 +50,8 @@ from tba_ext.core.replay import (
     save_atomic,
     staleness_summary,
 )
-from tba_ext.core.settings import SAMPLER_KWARGS, parse_replay_settings, trainer_version
+from tba_ext.core.settings import SAMPLER_KWARGS, parse_replay_settings
+from tba_ext.core.steps import trainer_version
 
 
 def row_dicts(td) -> list[dict]:
@@ -99,8 +99,9 @@ class TBAReplaySampler(ReplayBufferAsync):
         if not isinstance(kwargs_node, dict):
             kwargs_node = OmegaConf.to_container(kwargs_node, resolve=True)
         self.settings = parse_replay_settings(kwargs_node, SAMPLER_KWARGS)
-        self.store = TrajectoryStore(self.settings.per_prompt_capacity, self.settings.capacity,
-                                     self.settings.capacity_bytes)
+        self.store = TrajectoryStore(
+            self.settings.per_prompt_capacity, self.settings.capacity, self.settings.capacity_bytes
+        )
         self.sampler = ReplaySampler(self.store, self.settings)
         # K drawn per group: the tba_* trainer modes set it to rollout.n; otherwise the largest group seen
         self.group_size = 0
@@ -144,8 +145,11 @@ class TBAReplaySampler(ReplayBufferAsync):
             self.store.admit(traj, prompt_payload=prompt_fields)
         self.largest_group = max(self.largest_group, max(sizes.values()))
         self._check_nonfinite()
-        return {"ingested": len(keys), "rejected": self.store.stats.rejected_nonfinite - before,
-                "ingested_prompts": len(prompts)}
+        return {
+            "ingested": len(keys),
+            "rejected": self.store.stats.rejected_nonfinite - before,
+            "ingested_prompts": len(prompts),
+        }
 
     def _check_nonfinite(self) -> None:
         stats = self.store.stats
@@ -160,8 +164,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         if partition_id != "train":
             return super().sample(global_steps, partition_id, batch_size)
         # the policy being trained has had every update of the earlier steps and of this step's earlier samples
-        current_version = trainer_version(global_steps, self.local_update, self.updates_per_version,
-                                          self.local_updates)
+        current_version = trainer_version(global_steps, self.local_update, self.updates_per_version, self.local_updates)
         threshold = self.settings.min_fresh_groups
         need = batch_size if threshold is None else threshold
         min_buffer = self.settings.min_buffer_groups or batch_size
@@ -177,8 +180,11 @@ class TBAReplaySampler(ReplayBufferAsync):
             # training wait in TransferQueue, so generation ahead (colocate_async) makes the fresh data as stale
             # for TB as it is for verl's own samplers. Free-running searchers (min_fresh_groups set) produce at
             # their own pace: everything finished enters the store, as the reference's sync delivers it
-            take = set(sampleable) if threshold is not None else set(
-                self._select_prompt_uids(partition_id, set(sampleable), batch_size)[0])
+            take = (
+                set(sampleable)
+                if threshold is not None
+                else set(self._select_prompt_uids(partition_id, set(sampleable), batch_size)[0])
+            )
             for key, value in self._ingest(partition_id, take).items():
                 ingest[key] += value
             if not self.initial_buffer_filled and self.store.num_prompts >= min_buffer:
@@ -191,8 +197,11 @@ class TBAReplaySampler(ReplayBufferAsync):
             else:  # the initial buffer: no update before it holds enough distinct prompts
                 self._fill_initial_buffer(partition_id, min_buffer)
                 if time.monotonic() >= next_progress:
-                    print(f"tba-ext: initial replay buffer {self.store.num_prompts}/{min_buffer} prompts "
-                          f"({SAMPLER_KWARGS}min_buffer_groups)", flush=True)
+                    print(
+                        f"tba-ext: initial replay buffer {self.store.num_prompts}/{min_buffer} prompts "
+                        f"({SAMPLER_KWARGS}min_buffer_groups)",
+                        flush=True,
+                    )
                     next_progress = time.monotonic() + 10.0
             # nothing sampleable yet (empty store, initial buffer not full, or all of it past max_staleness)
             if time.monotonic() > deadline:
@@ -200,7 +209,8 @@ class TBAReplaySampler(ReplayBufferAsync):
                     f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
                     f"({len(self.store)} trajectories of {self.store.num_prompts} prompts stored, initial buffer "
                     f"{min_buffer} prompts, max_staleness={self.settings.max_staleness}); are the searchers alive? "
-                    f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer")
+                    f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer"
+                )
             need = 1
             time.sleep(self.poll_interval)
         keys, tags, rows = [], [], []
@@ -269,8 +279,11 @@ class TBAReplaySampler(ReplayBufferAsync):
                 continue
             sampleable = self._sampleable_terminal_keys(partition_id, reasons)
             inflight = len(self.pending_keys[partition_id]) + len(self.running_keys[partition_id])
-            if (len(sampleable) >= need or (inflight == 0 and (sampleable or len(self.store)))
-                    or time.monotonic() > deadline):
+            if (
+                len(sampleable) >= need
+                or (inflight == 0 and (sampleable or len(self.store)))
+                or time.monotonic() > deadline
+            ):
                 return sampleable, eviction_metrics
             time.sleep(self.poll_interval)
 
@@ -313,24 +326,36 @@ class TBAReplaySampler(ReplayBufferAsync):
 
     # -- persistence (called by the tba_* trainer modes next to verl's checkpoint) ----------------------
     def save_store(self, path: str) -> None:
-        save_atomic({"sampler": self.sampler.state_dict(), "largest_group": self.largest_group,
-                     "updates_per_version": self.updates_per_version}, path)
+        save_atomic(
+            {
+                "sampler": self.sampler.state_dict(),
+                "largest_group": self.largest_group,
+                "updates_per_version": self.updates_per_version,
+            },
+            path,
+        )
 
     def load_store(self, path: str) -> None:
         state = load_checked(path)
         saved = state.get("updates_per_version", 1)
         if saved != self.updates_per_version:
-            raise ValueError(f"{path} counts {saved} optimizer updates per global step, this run "
-                             f"{self.updates_per_version}: resume with the same data.train_batch_size, "
-                             "ppo_mini_batch_size and ppo_epochs, or start without this checkpoint")
+            raise ValueError(
+                f"{path} counts {saved} optimizer updates per global step, this run "
+                f"{self.updates_per_version}: resume with the same data.train_batch_size, "
+                "ppo_mini_batch_size and ppo_epochs, or start without this checkpoint"
+            )
         self.sampler.load_state_dict(state["sampler"])
         self.largest_group = state["largest_group"]
         saved = (self.store.per_prompt_capacity, self.store.capacity, self.store.capacity_bytes)
-        evicted = self.store.resize(self.settings.per_prompt_capacity, self.settings.capacity,
-                                    self.settings.capacity_bytes)
+        evicted = self.store.resize(
+            self.settings.per_prompt_capacity, self.settings.capacity, self.settings.capacity_bytes
+        )
         if evicted or saved != (self.store.per_prompt_capacity, self.store.capacity, self.store.capacity_bytes):
-            print(f"tba-ext: the restored replay store takes this run's capacities ({SAMPLER_KWARGS}"
-                  f"per_prompt_capacity / capacity / capacity_bytes: {saved} -> {self.store.per_prompt_capacity}, "
-                  f"{self.store.capacity}, {self.store.capacity_bytes}); {evicted} trajectories evicted", flush=True)
+            print(
+                f"tba-ext: the restored replay store takes this run's capacities ({SAMPLER_KWARGS}"
+                f"per_prompt_capacity / capacity / capacity_bytes: {saved} -> {self.store.per_prompt_capacity}, "
+                f"{self.store.capacity}, {self.store.capacity_bytes}); {evicted} trajectories evicted",
+                flush=True,
+            )
         self.restored_trajectories = len(self.store)
         print(f"tba-ext: restored {len(self.store)} replay trajectories from {path}", flush=True)

@@ -3,7 +3,7 @@ and ``tba_separate_async`` (``tba_ext.adapters.decoupled``).
 
 Each runs verl's own ``sync`` / ``colocate_async`` / ``separate_async`` trainer and adds the per-step work of TBA.
 This module holds the TB hooks:
-- start-up checks of the TB settings (``tba_ext.core.settings``), failing before any worker starts;
+- start-up checks of the TB settings (``tba_ext.adapters.checks``), failing before any worker starts;
 - the fused TB update (``tba_ext.adapters.fused``): whole prompt groups per data-parallel rank, no old-log-prob
   pass, the group index handed to the loss; verl's three-call path where it cannot run (Megatron);
 - the beta schedule, written into verl's KL coefficient, which the tb estimators also read as beta;
@@ -25,7 +25,6 @@ import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf, open_dict
 from tensordict import NonTensorStack, TensorDict
-
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -33,19 +32,14 @@ from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_
 from verl.workers.utils.padding import response_to_nested
 
 from tba_ext.adapters import fused, losses
+from tba_ext.adapters.checks import check_tba_run, fused_update_plan
 from tba_ext.adapters.llm_client import ReferenceKeepingClient
 from tba_ext.adapters.lr_schedule import install_lr_schedule
 from tba_ext.adapters.reference import ReferenceMixin
 from tba_ext.adapters.trainer_metrics import TrainerMetricsMixin
 from tba_ext.core import tb
+from tba_ext.core.steps import scheduler_updates_per_call, step_folder, updates_per_step
 from tba_ext.tasks.data import check_chat_template
-from tba_ext.core.settings import (
-    check_tba_run,
-    fused_update_plan,
-    scheduler_updates_per_call,
-    step_folder,
-    updates_per_step,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +60,15 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         self.updates_per_step = updates_per_step(plain)
         self.fused, why = fused_update_plan(plain, self.tba)
         if plain["algorithm"].get("adv_estimator") in losses.ESTIMATOR_NAMES:
-            print("tba-ext: " + ("fused TB update: one forward + backward per micro-batch, log Z from it, no "
-                                 "old-log-prob pass" if self.fused else f"three-call TB update ({why})"), flush=True)
+            print(
+                "tba-ext: "
+                + (
+                    "fused TB update: one forward + backward per micro-batch, log Z from it, no old-log-prob pass"
+                    if self.fused
+                    else f"three-call TB update ({why})"
+                ),
+                flush=True,
+            )
         # verl branches on trainer_mode == "sync" etc.; run as the base mode we extend
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.base_mode
@@ -129,27 +130,36 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         if "actor" not in wg._dispatch_info:
             wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
         dp_size = max(wg._dispatch_info["actor"]) + 1
-        uids = _as_list(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                        select_fields=["uid"])["uid"])
+        uids = _as_list(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid"])["uid"])
         members: dict = {}
         for row, (uid, tag) in enumerate(zip(uids, batch.tags)):
             if tag.get("is_padding", False):
-                raise RuntimeError("tba-ext fused update: verl padded the batch; prompts per update must be a "
-                                   "multiple of the data-parallel size (data.train_batch_size)")
+                raise RuntimeError(
+                    "tba-ext fused update: verl padded the batch; prompts per update must be a "
+                    "multiple of the data-parallel size (data.train_batch_size)"
+                )
             members.setdefault(uid, []).append(row)
         groups = list(members.values())
         n = int(self.config.actor_rollout_ref.rollout.n)
         if any(len(g) != n for g in groups) or len(groups) % dp_size:
-            raise RuntimeError(f"tba-ext fused update: {len(groups)} groups of sizes {sorted({len(g) for g in groups})}"
-                               f" cannot be split whole over {dp_size} ranks in groups of rollout.n={n}")
+            raise RuntimeError(
+                f"tba-ext fused update: {len(groups)} groups of sizes {sorted({len(g) for g in groups})}"
+                f" cannot be split whole over {dp_size} ranks in groups of rollout.n={n}"
+            )
         seqlen = torch.tensor([tag["seq_len"] for tag in batch.tags], dtype=torch.int64)
         workload = calculate_workload(seqlen).tolist()
-        parts = get_seqlen_balanced_partitions([sum(workload[r] for r in g) for g in groups], k_partitions=dp_size,
-                                               equal_size=True)
+        parts = get_seqlen_balanced_partitions(
+            [sum(workload[r] for r in g) for g in groups], k_partitions=dp_size, equal_size=True
+        )
         order = [row for part in parts for group in sorted(part) for row in groups[group]]
         batch.reorder(order)
-        metrics.update(log_seqlen_unbalance(seqlen_list=seqlen.tolist(), prefix=logging_prefix, partitions=[
-            [row for group in part for row in groups[group]] for part in parts]))
+        metrics.update(
+            log_seqlen_unbalance(
+                seqlen_list=seqlen.tolist(),
+                prefix=logging_prefix,
+                partitions=[[row for group in part for row in groups[group]] for part in parts],
+            )
+        )
         return batch
 
     def _compute_old_log_prob(self, batch, metrics: dict):
@@ -160,8 +170,9 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
     def _fused_advantage(self, batch, metrics: dict):
         """Fused: the driver writes each row's group index (the loss groups by it) and, for verl's data metrics,
         the reward part of the advantage, r - mean_group r (the KL part is known only to the forward: tb/*)."""
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["rm_scores", "uid", "response_mask"])
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["rm_scores", "uid", "response_mask"]
+        )
         response_mask = data["response_mask"]
         padded = data.to_padded_tensor()
         reward = (padded["rm_scores"] * padded["response_mask"]).sum(-1)
@@ -171,8 +182,9 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         metrics["tb/beta"] = self.current_beta()
         centred = (reward - tb.group_mean(reward, groups)).unsqueeze(-1) * padded["response_mask"].to(reward.dtype)
         nested = response_to_nested(centred, response_mask)
-        fields = TensorDict({fused.GROUP_FIELD: groups, "advantages": nested, "returns": nested.clone()},
-                            batch_size=len(batch))
+        fields = TensorDict(
+            {fused.GROUP_FIELD: groups, "advantages": nested, "returns": nested.clone()}, batch_size=len(batch)
+        )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
 
     def _update_actor(self, batch, metrics: dict):
@@ -180,8 +192,9 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
             return super()._update_actor(batch, metrics)
         n = int(self.config.actor_rollout_ref.rollout.n)
         actor = self.config.actor_rollout_ref.actor
-        batch.extra_info.update({fused.BETA_KEY: self.current_beta(), fused.MODE_KEY: actor.policy_loss.loss_mode,
-                                 "force_group_size": n})
+        batch.extra_info.update(
+            {fused.BETA_KEY: self.current_beta(), fused.MODE_KEY: actor.policy_loss.loss_mode, "force_group_size": n}
+        )
         if not actor.use_dynamic_bsz:  # verl's micro-batch is then micro_batch_size_per_gpu groups
             batch.extra_info["micro_batch_size_per_gpu"] = int(actor.ppo_micro_batch_size_per_gpu) // n
         batch = super()._update_actor(batch, metrics)
@@ -198,8 +211,11 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
     def _estimator_metrics(self, batch) -> dict:
         """The three-call path's TB statistics, from the KL-penalised rewards verl's estimator call just used
         (verl's estimator interface returns advantages only)."""
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["token_level_rewards", "rm_scores", "response_mask", "uid"])
+        data = tq.kv_batch_get(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            select_fields=["token_level_rewards", "rm_scores", "response_mask", "uid"],
+        )
         padded = data.to_padded_tensor()
         real = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags])  # verl's no-op rows
         uids = [uid for uid, keep in zip(_as_list(padded["uid"]), real.tolist()) if keep]
@@ -207,10 +223,14 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         score = (padded["token_level_rewards"] * mask).sum(-1)[real]
         reward = (padded["rm_scores"] * mask).sum(-1)[real]
         beta = float(self.config.algorithm.kl_ctrl.kl_coef)
-        _, stats = tb.tb_advantage(score, tb.group_ids(uids), beta,
-                                   pg_units=self.config.algorithm.adv_estimator == "tb_pg")
-        return {"tb/beta": beta, "tb/zero_reward_variance_frac": tb.zero_variance_fraction(reward.numpy(), uids),
-                **{f"tb/{name}": value for name, value in stats.items()}}
+        _, stats = tb.tb_advantage(
+            score, tb.group_ids(uids), beta, pg_units=self.config.algorithm.adv_estimator == "tb_pg"
+        )
+        return {
+            "tb/beta": beta,
+            "tb/zero_reward_variance_frac": tb.zero_variance_fraction(reward.numpy(), uids),
+            **{f"tb/{name}": value for name, value in stats.items()},
+        }
 
     def _compute_advantage(self, batch, metrics: dict):
         if self.fused:
@@ -255,8 +275,11 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         schedule = dataclasses.asdict(self.tba.lr_schedule)
         per_call = scheduler_updates_per_call(OmegaConf.to_container(self.config, resolve=True))
         ray.get([w.__ray_call__.remote(install_lr_schedule, schedule, per_call) for w in self.actor_rollout_wg.workers])
-        print(f"tba-ext: learning rate {schedule['name']} {schedule['warmup_updates']} / {schedule['stable_updates']}"
-              f" / {schedule['decay_updates']} updates, {schedule['decay_shape']} decay (tba.lr_schedule)", flush=True)
+        print(
+            f"tba-ext: learning rate {schedule['name']} {schedule['warmup_updates']} / {schedule['stable_updates']}"
+            f" / {schedule['decay_updates']} updates, {schedule['decay_shape']} decay (tba.lr_schedule)",
+            flush=True,
+        )
 
     def _load_checkpoint(self):
         # verl calls this once, in its set-up, after the workers exist and whether or not it resumes

@@ -34,22 +34,35 @@ class TrainerMetricsMixin:
             if name == "update_actor":  # per-mini-batch metrics, before verl averages them
                 self._last_actor_metrics = dict(output["metrics"])
             return output
+
         return counted
 
     def _trainer_call_metrics(self, trained_rows: int) -> dict:
         calls, self._calls = self._calls, {"calls": 0, "units": 0}
-        return {"tba/trainer_calls_per_update": calls["calls"] / self.updates_per_step,
-                "tba/trainer_forward_units_per_trajectory": calls["units"] / max(trained_rows, 1)}
+        return {
+            "tba/trainer_calls_per_update": calls["calls"] / self.updates_per_step,
+            "tba/trainer_forward_units_per_trajectory": calls["units"] / max(trained_rows, 1),
+        }
 
     # -- asynchrony metrics: who waited, how long syncs took, how fast data flowed ---------------------------
-    def _searcher_stats(self) -> list[dict]:
-        servers = [server for manager in self._rollout_server_managers()
-                   for replica in getattr(manager, "rollout_replicas", []) for server in replica.servers]
+    def _searcher_stats(self) -> list[dict | None]:
+        """Each searcher server's counters: the hfcpu server's ``stats``; ``{}`` for a live server without them
+        (verl's vLLM / SGLang servers, probed with ``get_server_address``); None for one that does not answer."""
+        servers = [
+            server
+            for manager in self._rollout_server_managers()
+            for replica in getattr(manager, "rollout_replicas", [])
+            for server in replica.servers
+        ]
         stats = []
         for server in servers:
             try:
-                stats.append(ray.get(server.stats.remote(), timeout=10))
-            except Exception:  # noqa: BLE001 - a dead searcher is reported, not fatal
+                if hasattr(server, "stats"):
+                    stats.append(ray.get(server.stats.remote(), timeout=10))
+                else:
+                    ray.get(server.get_server_address.remote(), timeout=10)
+                    stats.append({})
+            except Exception:
                 stats.append(None)
         return stats
 
@@ -64,17 +77,28 @@ class TrainerMetricsMixin:
         stats = self._searcher_stats()
         metrics["tba/searchers_alive"] = sum(s is not None for s in stats)
         previous, self._last_searcher_stats = getattr(self, "_last_searcher_stats", None), (now, stats)
-        if previous and len(previous[1]) == len(stats):
-            wall, idle, made = now - previous[0], [], 0
-            for i, (cur, old) in enumerate(zip(stats, previous[1])):
-                # a searcher dead now or then, or restarted since (its counters began again), is not measured
-                if cur is None or old is None or cur["generated"] < old["generated"]:
-                    continue
-                idle.append(max(0.0, 1.0 - (cur["busy_seconds"] - old["busy_seconds"]) / wall))
-                made += cur["generated"] - old["generated"]
-                metrics[f"tba/searcher_{i}/idle_ratio"] = idle[-1]
-                metrics[f"tba/searcher_{i}/generated_per_s"] = (cur["generated"] - old["generated"]) / wall
-            if idle:
-                metrics["tba/searcher_idle_ratio"] = sum(idle) / len(idle)
-                metrics["tba/trajectories_generated_per_s"] = made / wall
+        if previous:
+            metrics.update(searcher_rates(previous[1], stats, now - previous[0]))
+        if "tba/trajectories_generated_per_s" not in metrics and "replay/ingested" in metrics:
+            # servers without counters (vLLM): what reached the replay store this step, all searchers together
+            metrics["tba/trajectories_generated_per_s"] = metrics["replay/ingested"] / step_s
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+
+
+def searcher_rates(before: list[dict | None], now: list[dict | None], wall: float) -> dict[str, float]:
+    """Per-searcher idle ratio and generation rate between two reads of the servers' counters. A searcher dead
+    at either read, restarted since (its counters began again) or without counters is not measured."""
+    metrics, idle, made = {}, [], 0
+    if len(before) != len(now):
+        return metrics
+    for i, (cur, old) in enumerate(zip(now, before)):
+        if not cur or not old or cur["generated"] < old["generated"]:
+            continue
+        idle.append(max(0.0, 1.0 - (cur["busy_seconds"] - old["busy_seconds"]) / wall))
+        made += cur["generated"] - old["generated"]
+        metrics[f"tba/searcher_{i}/idle_ratio"] = idle[-1]
+        metrics[f"tba/searcher_{i}/generated_per_s"] = (cur["generated"] - old["generated"]) / wall
+    if idle:
+        metrics["tba/searcher_idle_ratio"] = sum(idle) / len(idle)
+        metrics["tba/trajectories_generated_per_s"] = made / wall
+    return metrics

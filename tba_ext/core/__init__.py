@@ -1,1 +1,2 @@
-"""Framework-free core of tba-ext: TB equations, replay store and sampler, settings. Never imports verl."""
+"""Framework-free core of tba-ext: TB equations, replay store and sampler, settings, step arithmetic. Never imports
+verl."""

@@ -37,8 +37,9 @@ import io
 import math
 import os
 import random
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,11 +92,29 @@ class Trajectory:
     per-token log-probs (float32, optional), then the adapter's packed extras; the dedup key is a 16-byte hash
     of the response, so the tokens are never held twice. ``reference``: the reference's log-probs once known."""
 
-    __slots__ = ("prompt_key", "blob", "n_response", "n_logprobs", "reward", "version", "order", "draws", "digest",
-                 "reference")
+    __slots__ = (
+        "prompt_key",
+        "blob",
+        "n_response",
+        "n_logprobs",
+        "reward",
+        "version",
+        "order",
+        "draws",
+        "digest",
+        "reference",
+    )
 
-    def __init__(self, prompt_key: Hashable, response, reward: float, version: int,
-                 rollout_logprobs=None, extras: bytes = b"", draws: int = 0):
+    def __init__(
+        self,
+        prompt_key: Hashable,
+        response,
+        reward: float,
+        version: int,
+        rollout_logprobs=None,
+        extras: bytes = b"",
+        draws: int = 0,
+    ):
         tokens = np.ascontiguousarray(response, dtype=np.int32).tobytes()
         logprobs = b"" if rollout_logprobs is None else np.ascontiguousarray(rollout_logprobs, np.float32).tobytes()
         self.prompt_key = prompt_key  # identity of the prompt across generations (e.g. a hash of its tokens)
@@ -121,7 +140,7 @@ class Trajectory:
 
     @property
     def extras(self) -> bytes:
-        return self.blob[4 * (self.n_response + (self.n_logprobs or 0)):]
+        return self.blob[4 * (self.n_response + (self.n_logprobs or 0)) :]
 
     def reference_logprobs(self, reference_version: int, mask=None) -> np.ndarray | None:
         """The stored reference log-probs if they were computed with reference ``reference_version``."""
@@ -377,12 +396,17 @@ class TrajectoryStore:
             # dict orders decide which prompt of the oldest version is evicted first: kept as they are
             "prompts": [(key, entry.payload) for key, entry in self._prompts.items()],
             "version_prompts": [(v, list(keys)) for v, keys in self._version_prompts.items()],
-            "trajectories": [(t.prompt_key, t.response, t.reward, t.version, t.rollout_logprobs, t.extras,
-                              t.order, t.draws) for t in trajectories],
+            "trajectories": [
+                (t.prompt_key, t.response, t.reward, t.version, t.rollout_logprobs, t.extras, t.order, t.draws)
+                for t in trajectories
+            ],
             "reference_version": self.reference_version,
-            "references": [None if t.reference is None else
-                           (t.reference.half, t.reference.total, t.reference.last, t.reference.version)
-                           for t in trajectories],
+            "references": [
+                None
+                if t.reference is None
+                else (t.reference.half, t.reference.total, t.reference.last, t.reference.version)
+                for t in trajectories
+            ],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -395,7 +419,8 @@ class TrajectoryStore:
         counts: dict = {}
         references = state.get("references") or [None] * len(state["trajectories"])
         for (prompt_key, response, reward, version, logprobs, extras, order, draws), ref in zip(
-                state["trajectories"], references):
+            state["trajectories"], references
+        ):
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras, draws=draws)
             traj.order = order
             if ref is not None:
@@ -433,13 +458,15 @@ def load_checked(path: str) -> dict:
     """Load a saved store; a damaged file is refused with its path and nothing else is touched."""
     try:
         state = torch.load(path, weights_only=False)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
         raise ValueError(f"replay store checkpoint {path} is not a tba-ext replay store")
     if state.get("format_version") not in READABLE_FORMATS:
-        raise ValueError(f"replay store checkpoint {path} has format version {state.get('format_version')}, "
-                         f"this tba-ext reads {READABLE_FORMATS}")
+        raise ValueError(
+            f"replay store checkpoint {path} has format version {state.get('format_version')}, "
+            f"this tba-ext reads {READABLE_FORMATS}"
+        )
     return state["state"]
 
 
@@ -511,7 +538,7 @@ class ReplaySampler:
 
     def _recency_pool(self, key, fresh_from: int) -> list[Trajectory]:
         entry = self.store.prompt(key)
-        return entry.items[entry.newer_than(fresh_from):] if entry else []
+        return entry.items[entry.newer_than(fresh_from) :] if entry else []
 
     def _replay_pool(self, key) -> list[Trajectory]:
         entry = self.store.prompt(key)
@@ -574,15 +601,21 @@ class ReplaySampler:
             if exhausted[recency]:
                 pass
             elif recency:
-                key, pool = self._draw(self.recency, lambda: self.store.fresh_prompts(fresh_from),
-                                       lambda p: self._recency_pool(p, fresh_from), in_batch)
+                key, pool = self._draw(
+                    self.recency,
+                    lambda: self.store.fresh_prompts(fresh_from),
+                    lambda p: self._recency_pool(p, fresh_from),
+                    in_batch,
+                )
             else:
                 key, pool = self._draw(self.replay, self.store.prompt_keys, self._replay_pool, in_batch)
             exhausted[recency] = key is None
             if key is None and recency:  # the window ran out: the next-freshest distinct prompt
                 freshest = freshest or self.store.prompts_newest_first(self.rng.shuffle)
-                key, pool = next(((p, self._recency_pool(p, v - s.recency_window + 1)) for p, v in freshest
-                                  if p not in in_batch), (None, None))
+                key, pool = next(
+                    ((p, self._recency_pool(p, v - s.recency_window + 1)) for p, v in freshest if p not in in_batch),
+                    (None, None),
+                )
                 report.fallback += key is not None
             if key is None and in_batch:  # every stored prompt is in the batch already: repeat one
                 key = self.rng.choice(sorted(in_batch, key=str))
@@ -593,10 +626,11 @@ class ReplaySampler:
                 continue
             in_batch.add(key)
             self.undrawn_fresh.discard(key)
-            rewards = self.store.prompt(key).rewards()[-len(pool):] if softmax and not recency else None
+            rewards = self.store.prompt(key).rewards()[-len(pool) :] if softmax and not recency else None
             picked = self._pick_k(pool, k, softmax and not recency, rewards)
-            report.groups.append(SampledGroup(key, picked, "recency" if recency else "replay",
-                                              self.store.prompt(key).payload))
+            report.groups.append(
+                SampledGroup(key, picked, "recency" if recency else "replay", self.store.prompt(key).payload)
+            )
         if not report.missing:  # a batch with holes is not used: the caller waits and samples again
             report.unseen = sum(all(t.draws == 0 for t in g.trajectories) for g in report.groups)
             self._count_draws(report.groups)
@@ -612,9 +646,14 @@ class ReplaySampler:
                     self.store.stats.evicted_replayed += 1
 
     def state_dict(self) -> dict:
-        return {"store": self.store.state_dict(), "rng": self.rng.getstate(),
-                "np_rng": self.np_rng.bit_generator.state, "recency": self.recency.state(),
-                "replay": self.replay.state(), "undrawn_fresh": sorted(self.undrawn_fresh, key=str)}
+        return {
+            "store": self.store.state_dict(),
+            "rng": self.rng.getstate(),
+            "np_rng": self.np_rng.bit_generator.state,
+            "recency": self.recency.state(),
+            "replay": self.replay.state(),
+            "undrawn_fresh": sorted(self.undrawn_fresh, key=str),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.store.load_state_dict(state["store"])

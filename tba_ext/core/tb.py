@@ -35,8 +35,9 @@ def group_mean(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return (sums / counts)[groups]
 
 
-def tb_advantage(score: torch.Tensor, groups: torch.Tensor, beta: float,
-                 pg_units: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+def tb_advantage(
+    score: torch.Tensor, groups: torch.Tensor, beta: float, pg_units: bool = False
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Group-centred KL-regularised advantage of TB (App. A), in units of 1/beta, with its statistics.
 
     ``score`` is S = r - beta * kl per trajectory (kl = l_old - l_ref, the k1 sequence KL at the step-start
@@ -50,12 +51,13 @@ def tb_advantage(score: torch.Tensor, groups: torch.Tensor, beta: float,
     if not score.numel():  # a batch of padding rows only
         return score, {"log_z": 0.0, "mean_abs_advantage": 0.0}
     if (torch.bincount(groups) == 1).any():
-        raise ValueError("TB needs at least 2 responses per prompt group (actor_rollout_ref.rollout.n >= 2); "
-                         "found a group with one response")
+        raise ValueError(
+            "TB needs at least 2 responses per prompt group (actor_rollout_ref.rollout.n >= 2); "
+            "found a group with one response"
+        )
     group_score = group_mean(score, groups)
     advantage = (score - group_score) / (1.0 if pg_units else beta)
-    return advantage, {"log_z": float((group_score / beta).mean()),
-                       "mean_abs_advantage": float(advantage.abs().mean())}
+    return advantage, {"log_z": float((group_score / beta).mean()), "mean_abs_advantage": float(advantage.abs().mean())}
 
 
 def tb_loss_from_advantage(
@@ -70,8 +72,13 @@ def tb_loss_from_advantage(
     return (policy_seq_logprob - old_seq_logprob - advantage) ** 2
 
 
-def vargrad_tb_loss(policy_seq_logprob: torch.Tensor, ref_seq_logprob: torch.Tensor, reward: torch.Tensor,
-                    groups: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def vargrad_tb_loss(
+    policy_seq_logprob: torch.Tensor,
+    ref_seq_logprob: torch.Tensor,
+    reward: torch.Tensor,
+    groups: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 5 per trajectory, from one forward pass: (log Z_i + delta_ij)^2, shape (B,), and log Z_i per row.
 
     delta_ij = l_theta(y_ij) - l_ref(y_ij) - r_ij / beta and log Z_i = -stopgrad(mean_j delta_ij), the group
@@ -83,8 +90,13 @@ def vargrad_tb_loss(policy_seq_logprob: torch.Tensor, ref_seq_logprob: torch.Ten
     return (log_z + delta) ** 2, log_z
 
 
-def tb_pg_advantage(policy_seq_logprob: torch.Tensor, ref_seq_logprob: torch.Tensor, reward: torch.Tensor,
-                    groups: torch.Tensor, beta: float) -> tuple[torch.Tensor, dict[str, float]]:
+def tb_pg_advantage(
+    policy_seq_logprob: torch.Tensor,
+    ref_seq_logprob: torch.Tensor,
+    reward: torch.Tensor,
+    groups: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """TBA' advantage from one forward pass: (r - r_bar) - beta (kl - kl_bar), kl = sg(l_theta) - l_ref, shape (B,),
     with ``tb_advantage``'s statistics.
 
@@ -96,8 +108,9 @@ def tb_pg_advantage(policy_seq_logprob: torch.Tensor, ref_seq_logprob: torch.Ten
     return advantage, stats
 
 
-def rollout_ratio(token_logprob: torch.Tensor, old_token_logprob: torch.Tensor,
-                  old_over_rollout: torch.Tensor) -> torch.Tensor:
+def rollout_ratio(
+    token_logprob: torch.Tensor, old_token_logprob: torch.Tensor, old_over_rollout: torch.Tensor
+) -> torch.Tensor:
     """pi_theta / pi_rollout per token, against the policy that generated the trajectory (the searcher's, which
     may be several updates stale): pi_theta / pi_old x pi_old / pi_rollout, the second factor being verl's rollout
     importance weight from the searcher's own log-probs. Detached: it weights the gradient, it is not one."""
@@ -129,8 +142,9 @@ def beta_at_step(step: int, beta_init: float, beta_final: float | None, anneal_s
     return float(beta_final * frac + beta_init * (1.0 - frac))
 
 
-def wsd_lr_ratio(updates_done: int, warmup: int, stable: int, decay: int, min_ratio: float = 0.0,
-                 decay_shape: str = "cosine") -> float:
+def wsd_lr_ratio(
+    updates_done: int, warmup: int, stable: int, decay: int, min_ratio: float = 0.0, decay_shape: str = "cosine"
+) -> float:
     """Warmup-stable-decay learning-rate factor after ``updates_done`` optimizer updates (the reference code's
     ``lr_scheduler_type=warmup_stable_decay``, HF's ``get_wsd_schedule``): linear from min_ratio to 1 over
     ``warmup``, 1 for ``stable``, then down to min_ratio over ``decay``: min_ratio + (1 - min_ratio) d(p) with p the

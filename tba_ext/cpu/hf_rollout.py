@@ -15,16 +15,20 @@ import json
 import logging
 import os
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Generator, Optional
+from typing import Any
 
 import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
-                          TopPLogitsWarper)
-
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -158,8 +162,15 @@ class HFCPUServer:
     With ``reference``, a second copy of the initial model (never updated) scores every sampled response, as the
     TBA reference's searchers do; the log-probs travel with the trajectory (``rows.SEARCHER_REFERENCE``)."""
 
-    def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int, max_batch: int = 256,
-                 reference: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        prompt_length: int,
+        response_length: int,
+        seed: int,
+        max_batch: int = 256,
+        reference: bool = False,
+    ):
         torch.set_num_threads(int(os.environ.get("TBA_EXT_ROLLOUT_THREADS", "1")))
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -167,8 +178,9 @@ class HFCPUServer:
             raise FileNotFoundError(f"actor_rollout_ref.model.path: no model directory at {model_path}")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         # the reference is the initial model, as verl's reference worker loads it from the same path
-        self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval() \
-            if reference else None
+        self.reference = (
+            AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval() if reference else None
+        )
         cfg = AutoConfig.from_pretrained(model_path)
         gen_cfg = self.model.generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else cfg.eos_token_id
@@ -176,9 +188,9 @@ class HFCPUServer:
         self.pad_token_id = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else min(self.eos_token_ids)
         self.prompt_length, self.response_length = prompt_length, response_length
         self.max_batch = max_batch
-        self.global_steps: Optional[int] = None
+        self.global_steps: int | None = None
         self.weight_loads = 0
-        self.staged: Optional[tuple[dict, Optional[int]]] = None  # received, applied before the next batch
+        self.staged: tuple[dict, int | None] | None = None  # received, applied before the next batch
         self.pending: list[_Request] = []
         self.wakeup = asyncio.Event()
         self.model_lock = asyncio.Lock()
@@ -198,7 +210,7 @@ class HFCPUServer:
 
         try:
             version, state = latest_published()
-        except Exception as exc:  # noqa: BLE001 - fall back to the initial weights, and say so
+        except Exception as exc:
             logger.warning("tba-ext: could not read published weights (%s)", exc)
             version, state = None, None
         if state is not None:
@@ -273,23 +285,26 @@ class HFCPUServer:
         extra = {"global_steps": version, "finish_reason": res["stop"]}
         if "ref_log_probs" in res:
             extra[SEARCHER_REFERENCE] = res["ref_log_probs"]
-        return TokenOutput(token_ids=res["token_ids"], log_probs=res["log_probs"], stop_reason="completed",
-                           extra_fields=extra)
+        return TokenOutput(
+            token_ids=res["token_ids"], log_probs=res["log_probs"], stop_reason="completed", extra_fields=extra
+        )
 
     def _occurrence(self, prompt_ids: list[int]) -> int:
         key = tuple(prompt_ids)
         self.prompt_requests[key] = self.prompt_requests.get(key, -1) + 1
         return self.prompt_requests[key]
 
-    async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int]) -> dict:
+    async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None) -> dict:
         """Receive new weights: checked now, applied now if no batch runs, else right after it (never under a
         running batch). A newer version received meanwhile replaces an unapplied one."""
         names = set(self.model.state_dict())
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         unexpected, missing = set(state_dict) - names, names - set(state_dict) - tied
         if unexpected or missing:
-            raise RuntimeError(f"hfcpu weight update does not match the model: missing={sorted(missing)}, "
-                               f"unexpected={sorted(unexpected)}")
+            raise RuntimeError(
+                f"hfcpu weight update does not match the model: missing={sorted(missing)}, "
+                f"unexpected={sorted(unexpected)}"
+            )
         self.staged = (state_dict, global_steps)
         if not self.model_lock.locked():
             async with self.model_lock:

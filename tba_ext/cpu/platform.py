@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 from types import ModuleType, SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import psutil
 import torch
-
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 from tba_ext.cpu.runtime import cpu_runtime_active
@@ -132,7 +131,7 @@ class PlatformCPU(PlatformBase):
     def set_device(self, device_index: int) -> None:
         return None
 
-    def synchronize(self, device_index: Optional[int] = None) -> None:
+    def synchronize(self, device_index: int | None = None) -> None:
         return None
 
     def manual_seed(self, seed: int) -> None:

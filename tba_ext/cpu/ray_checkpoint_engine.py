@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, Generator
+from collections.abc import Generator
+from typing import Any
 
 import ray
 import torch
-
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 
 BACKEND = "ray_object_store"
@@ -126,6 +126,7 @@ class RayObjectStoreCheckpointEngine(CheckpointEngine):
     def receive_weights(self, global_steps=None) -> Generator[tuple[str, torch.Tensor], None, None]:
         version, refs = ray.get(self._mailbox().wait_for.remote(global_steps, self.timeout_s))
         if refs is None or (global_steps is not None and version != global_steps):
-            raise TimeoutError(f"no weights for version {global_steps} published within {self.timeout_s}s "
-                               f"(newest: {version})")
+            raise TimeoutError(
+                f"no weights for version {global_steps} published within {self.timeout_s}s (newest: {version})"
+            )
         yield from ray.get(refs[0]).items()

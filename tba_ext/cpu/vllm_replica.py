@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ray
 import torch
-
 from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightReceiver
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
@@ -28,8 +27,9 @@ class CPUWorkerExtension(vLLMColocateWorkerExtension):
             raise NotImplementedError("LoRA adapter sync is not supported on vLLM-CPU by tba-ext")
         model = self.model_runner.model
         initialize_layerwise_reload(model)
-        receiver = BucketedWeightReceiver(zmq_handle=self._get_zmq_handle(), device=torch.device("cpu"),
-                                          use_shm=use_shm)
+        receiver = BucketedWeightReceiver(
+            zmq_handle=self._get_zmq_handle(), device=torch.device("cpu"), use_shm=use_shm
+        )
 
         def on_bucket_received(weights, is_last):
             # copies: the receiver reuses its shared-memory bucket, while layerwise reload keeps the tensors

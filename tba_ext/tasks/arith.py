@@ -39,8 +39,9 @@ def worked_answer(a: int, b: int, op: str = "+") -> str:
     if op != "+":
         raise ValueError(f"arith_worked asks sums only, got operator {op!r}")
     counting = ", ".join(f"{a + i - 1}+1={a + i}" for i in range(1, b + 1)) or f"{b} adds nothing"
-    return (f"We add {b} to {a} one at a time, starting at {a}: {counting}. So {a}+{b} is {a + b}. "
-            f"The answer is {a + b}.")
+    return (
+        f"We add {b} to {a} one at a time, starting at {a}: {counting}. So {a}+{b} is {a + b}. The answer is {a + b}."
+    )
 
 
 def make_problems(n: int, seed: int, split: str = "train", max_operand: int = 9, ops: str = "+") -> list[dict]:
@@ -50,8 +51,12 @@ def make_problems(n: int, seed: int, split: str = "train", max_operand: int = 9,
     if split not in ("train", "test"):
         raise ValueError(f"split must be train or test, got {split!r}")
     held_out = held_out_pairs(max_operand)
-    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)
-             if ((a, b) in held_out) == (split == "test")]
+    pairs = [
+        (a, b)
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+        if ((a, b) in held_out) == (split == "test")
+    ]
     rng = random.Random(seed)
     rng.shuffle(pairs)
     rows = []

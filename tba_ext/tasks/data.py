@@ -27,8 +27,9 @@ def rows_for(task: str, split: str, size: int, seed: int, source: str | None = N
         from tba_ext.tasks import hendrycks_math
 
         if not source:
-            raise ValueError("task math reads a user-supplied copy: pass --source DIR (the MATH release, MATH-500 "
-                             "jsonl or parquet)")
+            raise ValueError(
+                "task math reads a user-supplied copy: pass --source DIR (the MATH release, MATH-500 jsonl or parquet)"
+            )
         return hendrycks_math.load_rows(source, split, size)
     if task == "tldr":
         from tba_ext.tasks import tldr
@@ -64,9 +65,11 @@ def corpus_for(task: str, seed: int, source: str | None = None) -> list[str]:
     """Tokenizer training text for a task: its prompts and answers in chat form."""
     if task in arith.MAX_OPERAND:
         top = arith.MAX_OPERAND[task]
-        return arith.corpus(arith.make_problems(5000, seed=seed, max_operand=top)
-                            + arith.make_problems(500, seed=seed, split="test", max_operand=top),
-                            worked=task == "arith_worked")
+        return arith.corpus(
+            arith.make_problems(5000, seed=seed, max_operand=top)
+            + arith.make_problems(500, seed=seed, split="test", max_operand=top),
+            worked=task == "arith_worked",
+        )
     rows = rows_for(task, "train", 2000, seed, source)
     return [r["prompt"][0]["content"] + "\n" + r["extra_info"].get("answer_text", "") for r in rows]
 
@@ -87,15 +90,16 @@ def check_dataset(path: str, key: str, prompt_key: str = "prompt", reward_kwargs
 
     try:
         frame = pd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ValueError(f"{key}: {path} is not a readable parquet file ({exc})") from None
     if frame.empty:
         raise ValueError(f"{key}: {path} has no rows")
     for column in (prompt_key, "reward_model", "data_source"):
         if column not in frame.columns:
             raise ValueError(f"{key}: {path} has no '{column}' column (build it with `tba-ext prepare-data`)")
-    for row, (prompt, reward, source) in enumerate(zip(frame[prompt_key], frame["reward_model"],
-                                                        frame["data_source"]), start=1):
+    for row, (prompt, reward, source) in enumerate(
+        zip(frame[prompt_key], frame["reward_model"], frame["data_source"]), start=1
+    ):
         messages = list(prompt) if prompt is not None and not isinstance(prompt, str) else []
         if not messages or not all(isinstance(m, dict) and m.get("content") for m in messages):
             raise ValueError(f"{key}: {path} row {row}: '{prompt_key}' must be a non-empty list of chat messages")
@@ -125,4 +129,5 @@ def check_chat_template(tokenizer, data_config: dict) -> None:
         raise ValueError(
             f"the tokenizer has no chat template and {CHAT_TEMPLATE_KEY} is unset: verl would drop every prompt. "
             f"Set {CHAT_TEMPLATE_KEY} to the model's prompt format, e.g. the raw text of the messages: "
-            f"'{RAW_PROMPT_TEMPLATE}' (tba_ext.tasks.data.RAW_PROMPT_TEMPLATE)")
+            f"'{RAW_PROMPT_TEMPLATE}' (tba_ext.tasks.data.RAW_PROMPT_TEMPLATE)"
+        )

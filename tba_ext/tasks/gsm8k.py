@@ -34,7 +34,8 @@ def load_rows(source: str, split: str, limit: int | None = None, grading: str = 
     """Rows from a GSM8K copy: a directory holding {split}.jsonl or {split}-*.parquet (the official layouts)."""
     jsonl = os.path.join(source, f"{split}.jsonl")
     parquet = sorted(glob.glob(os.path.join(source, "**", f"{split}-*.parquet"), recursive=True)) or sorted(
-        glob.glob(os.path.join(source, f"{split}.parquet")))
+        glob.glob(os.path.join(source, f"{split}.parquet"))
+    )
     if os.path.exists(jsonl):
         with open(jsonl) as f:
             records = [(i + 1, json.loads(line)) for i, line in enumerate(f) if line.strip()]
@@ -61,12 +62,21 @@ def load_rows(source: str, split: str, limit: int | None = None, grading: str = 
 
 def symbolic_rows(split: str, size: int, seed: int) -> list[dict]:
     """GSM-symbolic problems generated offline by reasoning-gym (train and test from different seeds)."""
-    import reasoning_gym as rg
+    try:
+        import reasoning_gym as rg
+    except ModuleNotFoundError as exc:
+        raise ValueError("task gsm_symbolic needs reasoning-gym: pip install 'tba-ext[demo]'") from exc
 
     data = rg.create_dataset("gsm_symbolic", size=size, seed=seed + (0 if split == "train" else 1_000_003))
     return [
-        _row(item["question"], str(item["answer"]), split, i, "tba_ext/gsm_symbolic",
-             item["metadata"].get("answer_cot", str(item["answer"])))
+        _row(
+            item["question"],
+            str(item["answer"]),
+            split,
+            i,
+            "tba_ext/gsm_symbolic",
+            item["metadata"].get("answer_cot", str(item["answer"])),
+        )
         for i, item in enumerate(data)
     ]
 

@@ -37,7 +37,8 @@ def _records(source: str, split: str) -> tuple[list[tuple[int, dict]], str]:
     official = sorted(glob.glob(os.path.join(source, split, "*", "*.json")))
     jsonl = os.path.join(source, f"{split}.jsonl")
     parquet = sorted(glob.glob(os.path.join(source, "**", f"{split}-*.parquet"), recursive=True)) or sorted(
-        glob.glob(os.path.join(source, f"{split}.parquet")))
+        glob.glob(os.path.join(source, f"{split}.parquet"))
+    )
     if official:
         records = []
         for path in official:
@@ -52,8 +53,10 @@ def _records(source: str, split: str) -> tuple[list[tuple[int, dict]], str]:
 
         frame = pd.concat([pd.read_parquet(p) for p in parquet])
         return [(i + 1, r) for i, r in enumerate(frame.to_dict("records"))], ",".join(parquet)
-    raise FileNotFoundError(f"--source {source}: no {split}/<subject>/*.json, {split}.jsonl or {split}-*.parquet "
-                            "found (the MATH release, MATH-500, or Hugging Face parquet)")
+    raise FileNotFoundError(
+        f"--source {source}: no {split}/<subject>/*.json, {split}.jsonl or {split}-*.parquet "
+        "found (the MATH release, MATH-500, or Hugging Face parquet)"
+    )
 
 
 def load_rows(source: str, split: str, limit: int | None = None) -> list[dict]:
@@ -66,14 +69,21 @@ def load_rows(source: str, split: str, limit: int | None = None) -> list[dict]:
             answer = gold_answer(rec)
         except ValueError as exc:
             raise ValueError(f"{where} row {line}: {exc}") from None
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": f"{rec['problem']} {INSTRUCTION}"}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"split": split, "index": line - 1, "answer_text": str(rec.get("solution") or answer),
-                           "level": str(rec.get("level", "")), "subject": str(rec.get("type") or rec.get("subject", ""))},
-        })
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": f"{rec['problem']} {INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {
+                    "split": split,
+                    "index": line - 1,
+                    "answer_text": str(rec.get("solution") or answer),
+                    "level": str(rec.get("level", "")),
+                    "subject": str(rec.get("type") or rec.get("subject", "")),
+                },
+            }
+        )
     return rows
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tba_ext.tasks.hendrycks_math import DATA_SOURCE as MATH_SOURCE
 from tba_ext.tasks.hendrycks_math import VERL_MATH_SOURCES
-from tba_ext.tasks.numbers import NUMBER, last_number, numbers_equal  # noqa: F401 (last_number: public)
+from tba_ext.tasks.numbers import NUMBER, last_number, numbers_equal
 
 
 def arith_score(solution_str: str, ground_truth: str) -> float:
@@ -44,7 +44,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
         victim = check_model_path(kwargs.get("victim_model_path"), "victim_model_path")
         classifier = check_model_path(kwargs.get("toxicity_model_path"), "toxicity_model_path")
-        toxicity, _ = toxicity_rewards([solution_str], victim, classifier,
-                                       int(kwargs.get("victim_max_new_tokens", 32)))
+        toxicity, _ = toxicity_rewards([solution_str], victim, classifier, int(kwargs.get("victim_max_new_tokens", 32)))
         return toxicity[0]
     raise ValueError(f"tba-ext has no reward for data_source {data_source!r}")

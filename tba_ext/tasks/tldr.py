@@ -37,8 +37,7 @@ def _records(source: str, split: str) -> tuple[str, list[dict]]:
 def _prompt_and_summary(rec: dict) -> tuple[str | None, str | None]:
     prompt = next((rec[k] for k in _PROMPT_KEYS if rec.get(k)), None)
     if prompt is None and rec.get("post"):
-        prompt = POST_TEMPLATE.format(subreddit=rec.get("subreddit", ""), title=rec.get("title", ""),
-                                      post=rec["post"])
+        prompt = POST_TEMPLATE.format(subreddit=rec.get("subreddit", ""), title=rec.get("title", ""), post=rec["post"])
     summary = next((rec[k] for k in _SUMMARY_KEYS if rec.get(k)), None)
     if isinstance(summary, dict):  # summarize_from_feedback stores {"text": ...}
         summary = summary.get("text")
@@ -52,16 +51,20 @@ def load_rows(source: str, split: str, limit: int | None = None) -> list[dict]:
     for i, rec in enumerate(records[:limit]):
         prompt, summary = _prompt_and_summary(rec)
         if not prompt or not summary:
-            raise ValueError(f"{where} row {i + 1}: needs a prompt ({'/'.join(_PROMPT_KEYS)} or post) and a "
-                             f"reference summary ({'/'.join(_SUMMARY_KEYS)})")
+            raise ValueError(
+                f"{where} row {i + 1}: needs a prompt ({'/'.join(_PROMPT_KEYS)} or post) and a "
+                f"reference summary ({'/'.join(_SUMMARY_KEYS)})"
+            )
         summary = summary.strip()
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": prompt}],
-            "ability": "summarization",
-            "reward_model": {"style": "model", "ground_truth": summary},
-            "extra_info": {"split": split, "index": i, "answer_text": summary, "prompt_text": prompt},
-        })
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": prompt}],
+                "ability": "summarization",
+                "reward_model": {"style": "model", "ground_truth": summary},
+                "extra_info": {"split": split, "index": i, "answer_text": summary, "prompt_text": prompt},
+            }
+        )
     return rows
 
 

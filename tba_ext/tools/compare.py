@@ -17,12 +17,21 @@ import time
 
 import numpy as np
 
+from tba_ext.core.steps import hf_model_dir
 from tba_ext.tools import report
-from tba_ext.core.settings import hf_model_dir
 from tba_ext.tools.evaluate import greedy_accuracy
 from tba_ext.tools.launch import run_verl
-from tba_ext.tools.quickstart import STALL_TIMEOUT_S, prepare
-from tba_ext.tools.recipe import EVAL_SAMPLES, FULL, METHODS, SHORT, method_overrides, training_overrides
+from tba_ext.tools.recipe import (
+    EVAL_SAMPLES,
+    FULL,
+    METHODS,
+    SHORT,
+    STALL_TIMEOUT_S,
+    method_overrides,
+    prepare,
+    training_overrides,
+)
+
 
 def interval95(values: list[float]) -> tuple[float, float, float]:
     """Mean, sd and the half-width of a two-sided 95 % t-interval (0 for a single value)."""
@@ -51,10 +60,17 @@ def summarise(results: list[dict]) -> dict:
             sampled = [r["sampled_after"] - r["sampled_before"] for r in rows]
             mean, sd, half = interval95(gains)
             s_mean, s_sd, s_half = interval95(sampled)
-            summary[method][s] = {"gain_mean": mean, "gain_sd": sd, "gain_ci95": half, "n_seeds": len(rows),
-                                  "sampled_gain_mean": s_mean, "sampled_gain_sd": s_sd, "sampled_gain_ci95": s_half,
-                                  "accuracy_after_mean": float(np.mean([r["accuracy_after"] for r in rows])),
-                                  "wall_s_mean": float(np.mean([r["wall_s"] for r in rows]))}
+            summary[method][s] = {
+                "gain_mean": mean,
+                "gain_sd": sd,
+                "gain_ci95": half,
+                "n_seeds": len(rows),
+                "sampled_gain_mean": s_mean,
+                "sampled_gain_sd": s_sd,
+                "sampled_gain_ci95": s_half,
+                "accuracy_after_mean": float(np.mean([r["accuracy_after"] for r in rows])),
+                "wall_s_mean": float(np.mean([r["wall_s"] for r in rows])),
+            }
     for by_s in summary.values():  # issue 14's goal: how much of its on-policy gain a method keeps off-policy
         on_policy = by_s.get("0")
         for cell in by_s.values():
@@ -89,10 +105,14 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
             steps = sorted(set.intersection(*[set(r["steps"]) for r in runs]))
             if not steps:
                 continue
-            values = np.array([[dict(zip(r["steps"], r["accuracy"]))[t] - r["accuracy"][0] for t in steps]
-                               for r in runs])
-            xs = steps if x == "step" else np.mean([[dict(zip(r["steps"], r["time"]))[t] for t in steps]
-                                                    for r in runs], 0)
+            values = np.array(
+                [[dict(zip(r["steps"], r["accuracy"]))[t] - r["accuracy"][0] for t in steps] for r in runs]
+            )
+            xs = (
+                steps
+                if x == "step"
+                else np.mean([[dict(zip(r["steps"], r["time"]))[t] for t in steps] for r in runs], 0)
+            )
             stats = [interval95(list(col)) for col in values.T]
             mean = np.array([m for m, _, _ in stats])
             half = np.array([h for _, _, h in stats])
@@ -109,11 +129,18 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
     plt.close(fig)
 
 
-def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), methods=tuple(METHODS),
-            steps: int | None = None, eval_every: int | None = None, results_path: str | None = None) -> dict:
-    p = dict(SHORT if short else FULL)
-    p.pop("method")  # the quickstart's objective; compare runs each of ``methods``
-    steps = steps or (3 if short else p["rl_steps"])
+def compare(
+    run_dir: str,
+    short: bool = False,
+    seeds=(0,),
+    staleness=(0,),
+    methods=tuple(METHODS),
+    steps: int | None = None,
+    eval_every: int | None = None,
+    results_path: str | None = None,
+) -> dict:
+    p = SHORT if short else FULL  # its method is the quickstart's objective; compare runs each of ``methods``
+    steps = steps or (3 if short else p.rl_steps)
     eval_every = eval_every or steps
     unknown = set(methods) - set(METHODS)
     if unknown:
@@ -127,7 +154,9 @@ def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), metho
     for seed in seeds:
         seed_dir = f"{run_dir}/seed{seed}"
         prepare(seed_dir, p, seed)  # identical model, data and warm start for every method
-        before = greedy_accuracy(f"{seed_dir}/model_sft", f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)
+        before = greedy_accuracy(
+            f"{seed_dir}/model_sft", f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed
+        )
         for s in staleness:
             for method in methods:
                 done += 1
@@ -135,39 +164,66 @@ def compare(run_dir: str, short: bool = False, seeds=(0,), staleness=(0,), metho
                 tag = f"{method.replace('. ', '').replace(' ', '_').replace(chr(39), 'p')}_s{s}"
                 metrics, ckpt = f"{seed_dir}/{tag}.jsonl", f"{seed_dir}/{tag}_ckpt"
                 start = time.time()
-                run_verl(METHODS[method][0],
-                         training_overrides(seed_dir, p, seed, steps, eval_every)
-                         + method_overrides(method, s, p["recency_prob"])
-                         + [f"trainer.save_freq={steps}",
-                            f"trainer.default_local_dir={ckpt}",
-                            "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"],
-                         log_path=metrics.replace(".jsonl", ".log"), metrics_path=metrics,
-                         stall_timeout=STALL_TIMEOUT_S)
+                run_verl(
+                    METHODS[method][0],
+                    training_overrides(seed_dir, p, seed, steps, eval_every)
+                    + method_overrides(method, s, p.recency_prob)
+                    + [
+                        f"trainer.save_freq={steps}",
+                        f"trainer.default_local_dir={ckpt}",
+                        "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
+                    ],
+                    log_path=metrics.replace(".jsonl", ".log"),
+                    metrics_path=metrics,
+                    stall_timeout=STALL_TIMEOUT_S,
+                )
                 wall = time.time() - start
-                after = greedy_accuracy(hf_model_dir(ckpt, steps),
-                                        f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)
+                after = greedy_accuracy(
+                    hf_model_dir(ckpt, steps), f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed
+                )
                 shutil.rmtree(ckpt, ignore_errors=True)
                 records = report.add_elapsed(report.read_metrics(metrics))
                 val_key = report.find_key(records, "val-core/", "mean@1")
                 val_steps, val = report.series(records, val_key) if val_key else ([], [])
                 times = dict(zip(*report.series(records, "tba/elapsed_s")))
                 curves.setdefault(f"{method} s={s}", []).append(
-                    {"steps": [0, *val_steps[1:]], "accuracy": val,
-                     "time": [0.0, *[times.get(x, float("nan")) for x in val_steps[1:]]]})
-                results.append({
-                    "method": method, "staleness": s, "seed": seed,
-                    "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
-                    "sampled_before": before["sampled_accuracy"], "sampled_after": after["sampled_accuracy"],
-                    "train_reward_last": report.series(records, "critic/score/mean")[1][-1],
-                    "grad_norm_median": float(np.median(report.series(records, "actor/grad_norm")[1])),
-                    "mean_staleness": _mean(report.series(records, "training/off_policy/trajectory_staleness/mean")[1]),
-                    "wall_s": wall,
-                })
-                print(f"   held-out {before['accuracy']:.3f} -> {after['accuracy']:.3f} (sampled "
-                      f"{before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}) in {wall:.0f}s",
-                      flush=True)
-    payload = {"recipe": {k: v for k, v in p.items()}, "steps": steps, "seeds": list(seeds),
-               "staleness": list(staleness), "methods": list(methods), "runs": results, "curves": curves}
+                    {
+                        "steps": [0, *val_steps[1:]],
+                        "accuracy": val,
+                        "time": [0.0, *[times.get(x, float("nan")) for x in val_steps[1:]]],
+                    }
+                )
+                results.append(
+                    {
+                        "method": method,
+                        "staleness": s,
+                        "seed": seed,
+                        "accuracy_before": before["accuracy"],
+                        "accuracy_after": after["accuracy"],
+                        "sampled_before": before["sampled_accuracy"],
+                        "sampled_after": after["sampled_accuracy"],
+                        "train_reward_last": report.series(records, "critic/score/mean")[1][-1],
+                        "grad_norm_median": float(np.median(report.series(records, "actor/grad_norm")[1])),
+                        "mean_staleness": _mean(
+                            report.series(records, "training/off_policy/trajectory_staleness/mean")[1]
+                        ),
+                        "wall_s": wall,
+                    }
+                )
+                print(
+                    f"   held-out {before['accuracy']:.3f} -> {after['accuracy']:.3f} (sampled "
+                    f"{before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}) in {wall:.0f}s",
+                    flush=True,
+                )
+    payload = {
+        "recipe": {k: v for k, v in p.items()},
+        "steps": steps,
+        "seeds": list(seeds),
+        "staleness": list(staleness),
+        "methods": list(methods),
+        "runs": results,
+        "curves": curves,
+    }
     return write_results(run_dir, payload, results_path)
 
 
@@ -181,9 +237,13 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
     for part in parts:
         for label, runs in part["curves"].items():
             curves.setdefault(label, []).extend(runs)
-    payload = {**parts[0], "seeds": sorted({s for part in parts for s in part["seeds"]}),
-               "staleness": sorted({s for part in parts for s in part["staleness"]}),
-               "runs": [r for part in parts for r in part["runs"]], "curves": curves}
+    payload = {
+        **parts[0],
+        "seeds": sorted({s for part in parts for s in part["seeds"]}),
+        "staleness": sorted({s for part in parts for s in part["staleness"]}),
+        "runs": [r for part in parts for r in part["runs"]],
+        "curves": curves,
+    }
     report.ensure_dir(run_dir)
     return write_results(run_dir, payload, results_path)
 
@@ -196,20 +256,29 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
     report.write_json(payload, f"{run_dir}/compare.json")
     if results_path:
         report.write_json(payload, results_path)
-    rows = [{"method": m, "staleness": s, "n": v["n_seeds"],
-             "held-out gain (mean +- sd)": f"{v['gain_mean']:+.3f} +- {v['gain_sd']:.3f}",
-             "95% interval": f"[{v['gain_mean'] - v['gain_ci95']:+.3f}, {v['gain_mean'] + v['gain_ci95']:+.3f}]",
-             "sampled gain (mean +- sd)": f"{v['sampled_gain_mean']:+.3f} +- {v['sampled_gain_sd']:.3f}",
-             "s = 0 gain kept (greedy, sampled)": f"{_share(v['gain_kept'])}, {_share(v['sampled_gain_kept'])}",
-             "wall s": f"{v['wall_s_mean']:.0f}"}
-            for m, by_s in sorted(summary.items(), key=lambda kv: _method_order(kv[0]))
-            for s, v in sorted(by_s.items(), key=lambda kv: int(kv[0]))]
+    rows = [
+        {
+            "method": m,
+            "staleness": s,
+            "n": v["n_seeds"],
+            "held-out gain (mean +- sd)": f"{v['gain_mean']:+.3f} +- {v['gain_sd']:.3f}",
+            "95% interval": f"[{v['gain_mean'] - v['gain_ci95']:+.3f}, {v['gain_mean'] + v['gain_ci95']:+.3f}]",
+            "sampled gain (mean +- sd)": f"{v['sampled_gain_mean']:+.3f} +- {v['sampled_gain_sd']:.3f}",
+            "s = 0 gain kept (greedy, sampled)": f"{_share(v['gain_kept'])}, {_share(v['sampled_gain_kept'])}",
+            "wall s": f"{v['wall_s_mean']:.0f}",
+        }
+        for m, by_s in sorted(summary.items(), key=lambda kv: _method_order(kv[0]))
+        for s, v in sorted(by_s.items(), key=lambda kv: int(kv[0]))
+    ]
     table = report.md_table(rows, list(rows[0]))
     with open(f"{run_dir}/report.md", "w") as f:
-        f.write("# TB vs TBA' vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds; staleness s bounds "
-                "all off-policy data (s = 0: on-policy). Gain = held-out accuracy after - before: greedy, and sampled "
-                f"(mean reward of {EVAL_SAMPLES} temperature-1 samples per prompt).\n\n"
-                + table + "\n\n![vs updates](accuracy_vs_updates.png)\n\n![vs time](accuracy_vs_time.png)\n")
+        f.write(
+            "# TB vs TBA' vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds; staleness s bounds "
+            "all off-policy data (s = 0: on-policy). Gain = held-out accuracy after - before: greedy, and sampled "
+            f"(mean reward of {EVAL_SAMPLES} temperature-1 samples per prompt).\n\n"
+            + table
+            + "\n\n![vs updates](accuracy_vs_updates.png)\n\n![vs time](accuracy_vs_time.png)\n"
+        )
     print(table)
     print(f"report: {run_dir}/report.md")
     return payload

@@ -30,8 +30,9 @@ def config_location(config: str) -> tuple[str, str, list[str]]:
     if os.path.exists(os.path.join(GPU_CONFIG_DIR, f"{config}.yaml")) and not config.startswith("_"):
         return GPU_CONFIG_DIR, config, [USER_CONFIG_SEARCHPATH]
     if not os.path.exists(os.path.join(CONFIG_DIR, f"{config}.yaml")):
-        raise ValueError(f"unknown config {config!r}; tba-ext ships: {', '.join(list_configs())} "
-                         "(or give a path to your own YAML)")
+        raise ValueError(
+            f"unknown config {config!r}; tba-ext ships: {', '.join(list_configs())} (or give a path to your own YAML)"
+        )
     return CONFIG_DIR, config, [SEARCHPATH]
 
 
@@ -48,8 +49,10 @@ def compose(config_name: str, overrides: list[str]):
 
 def list_configs(gpu: bool = True) -> list[str]:
     """The CPU configs, then (``gpu``) the GPU ones."""
+
     def names(folder):
         return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_"))
+
     return names(CONFIG_DIR) + (names(GPU_CONFIG_DIR) if gpu else [])
 
 
@@ -61,11 +64,11 @@ def load_tokenizer(path: str):
 
 def preflight(cfg) -> None:
     """Every check that can fail before Ray starts, each naming the key or path at fault."""
-    from tba_ext.core.settings import check_tba_run
+    from tba_ext.adapters.checks import check_tba_run
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
-    from tba_ext.tools.models import check_model_dir
     from tba_ext.tasks.data import check_chat_template, check_dataset
+    from tba_ext.tools.models import check_model_dir
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     check_tba_run(plain)

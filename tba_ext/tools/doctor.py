@@ -22,9 +22,9 @@ def expected_registrations() -> dict[str, list[str]]:
 def registered_in_verl() -> dict[str, list[str]]:
     """Read verl's own registries (not our bookkeeping), so a plugin that failed to load shows up."""
     import verl  # noqa: F401  (loads the entry-point plugins)
-    from verl.plugin.platform import PlatformRegistry
     from verl.checkpoint_engine.base import CheckpointEngineRegistry
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+    from verl.plugin.platform import PlatformRegistry
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
@@ -63,7 +63,9 @@ def report() -> tuple[bool, list[str]]:
 
     from tba_ext.cpu.runtime import cpu_runtime_active
 
-    lines.append(f"platform: {get_platform().device_name} (tba-ext CPU runtime {'on' if cpu_runtime_active() else 'off'})")
+    lines.append(
+        f"platform: {get_platform().device_name} (tba-ext CPU runtime {'on' if cpu_runtime_active() else 'off'})"
+    )
     from tba_ext import verl_plugin
 
     for kind, names in expected_registrations().items():

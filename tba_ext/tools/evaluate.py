@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import pandas as pd
 import torch
@@ -46,8 +46,9 @@ def read_split(parquet_path: str, limit: int | None = None) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def generate(model_dir: str, chats: list, max_new_tokens: int, batch_size: int = 64, sample: bool = False,
-             seed: int = 0) -> list[str]:
+def generate(
+    model_dir: str, chats: list, max_new_tokens: int, batch_size: int = 64, sample: bool = False, seed: int = 0
+) -> list[str]:
     """The policy's responses to verl chat prompts: greedy, or sampled at temperature 1."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -57,18 +58,33 @@ def generate(model_dir: str, chats: list, max_new_tokens: int, batch_size: int =
     torch.manual_seed(seed)
     texts = []
     for start in range(0, len(chats), batch_size):
-        prompts = [tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False)
-                   for c in chats[start : start + batch_size]]
+        prompts = [
+            tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False)
+            for c in chats[start : start + batch_size]
+        ]
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=sample, top_k=0 if sample else None,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            top_k=0 if sample else None,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return texts
 
 
-def greedy_accuracy(model_dir: str, parquet_path: str, max_new_tokens: int = 8, batch_size: int = 64,
-                    limit: int | None = None, samples: int = 0, seed: int = 0,
-                    score_fn: Callable = compute_score) -> dict:
+def greedy_accuracy(
+    model_dir: str,
+    parquet_path: str,
+    max_new_tokens: int = 8,
+    batch_size: int = 64,
+    limit: int | None = None,
+    samples: int = 0,
+    seed: int = 0,
+    score_fn: Callable = compute_score,
+) -> dict:
     """Greedy pass@1 over the split (mean reward of ``score_fn``, the built-in tasks' by default); with
     ``samples`` > 0 also ``sampled_accuracy``, the mean reward of that many temperature-1 samples per prompt (the
     expected reward RL optimises: far less coarse than greedy on a few distinct prompts)."""
@@ -76,21 +92,25 @@ def greedy_accuracy(model_dir: str, parquet_path: str, max_new_tokens: int = 8, 
     rows = [row for _, row in frame.iterrows()]
 
     def score(texts, repeat=1):
-        return [reward_value(score_fn, row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])
-                for text, row in zip(texts, [r for r in rows for _ in range(repeat)])]
+        return [
+            reward_value(score_fn, row["data_source"], text, row["reward_model"]["ground_truth"], row["extra_info"])
+            for text, row in zip(texts, [r for r in rows for _ in range(repeat)])
+        ]
 
     greedy = score(generate(model_dir, list(frame["prompt"]), max_new_tokens, batch_size))
     result = {"accuracy": sum(greedy) / len(greedy), "n": len(greedy)}
     if samples:
         chats = [c for c in frame["prompt"] for _ in range(samples)]
-        sampled = score(generate(model_dir, chats, max_new_tokens, batch_size * samples, sample=True, seed=seed),
-                        samples)
+        sampled = score(
+            generate(model_dir, chats, max_new_tokens, batch_size * samples, sample=True, seed=seed), samples
+        )
         result["sampled_accuracy"] = sum(sampled) / len(sampled)
     return result
 
 
-def tldr_win_rate(model_dir: str, parquet_path: str, reward_model_path: str, max_new_tokens: int = 128,
-                  limit: int | None = None) -> dict:
+def tldr_win_rate(
+    model_dir: str, parquet_path: str, reward_model_path: str, max_new_tokens: int = 128, limit: int | None = None
+) -> dict:
     """Greedy summaries scored by the reward model against the reference summaries (the paper's win rate)."""
     from tba_ext.tasks.scorers import check_model_path, reward_model_scores
     from tba_ext.tasks.tldr import rm_text, win_rate
@@ -100,15 +120,28 @@ def tldr_win_rate(model_dir: str, parquet_path: str, reward_model_path: str, max
     summaries = generate(model_dir, list(frame["prompt"]), max_new_tokens)
     posts = [extra["prompt_text"] for extra in frame["extra_info"]]
     generated = reward_model_scores(reward_model_path, [rm_text(p, s) for p, s in zip(posts, summaries)])
-    reference = reward_model_scores(reward_model_path, [rm_text(p, extra["answer_text"])
-                                                        for p, extra in zip(posts, frame["extra_info"])])
-    return {"win_rate": win_rate(generated, reference), "n": len(summaries),
-            "mean_reward": sum(generated) / len(generated), "mean_reference_reward": sum(reference) / len(reference)}
+    reference = reward_model_scores(
+        reward_model_path, [rm_text(p, extra["answer_text"]) for p, extra in zip(posts, frame["extra_info"])]
+    )
+    return {
+        "win_rate": win_rate(generated, reference),
+        "n": len(summaries),
+        "mean_reward": sum(generated) / len(generated),
+        "mean_reference_reward": sum(reference) / len(reference),
+    }
 
 
-def redteam_eval(model_dir: str, parquet_path: str, victim_model_path: str, toxicity_model_path: str,
-                 max_new_tokens: int = 32, limit: int | None = None, embedder: str | None = None,
-                 threshold: float = 0.5, seed: int = 0) -> dict:
+def redteam_eval(
+    model_dir: str,
+    parquet_path: str,
+    victim_model_path: str,
+    toxicity_model_path: str,
+    max_new_tokens: int = 32,
+    limit: int | None = None,
+    embedder: str | None = None,
+    threshold: float = 0.5,
+    seed: int = 0,
+) -> dict:
     """Sampled attacks (temperature 1, as the attacker is used): attack success rate and diversity."""
     from tba_ext.tasks.redteam import attack_success_rate, diversity, toxicity_rewards
     from tba_ext.tasks.scorers import check_model_path
@@ -118,5 +151,9 @@ def redteam_eval(model_dir: str, parquet_path: str, victim_model_path: str, toxi
     frame = read_split(parquet_path, limit)
     attacks = generate(model_dir, list(frame["prompt"]), max_new_tokens, sample=True, seed=seed)
     toxicity, _ = toxicity_rewards(attacks, victim_model_path, toxicity_model_path)
-    return {"attack_success_rate": attack_success_rate(toxicity, threshold), "n": len(attacks),
-            "mean_toxicity": sum(toxicity) / len(toxicity), "diversity": diversity(attacks, embedder)}
+    return {
+        "attack_success_rate": attack_success_rate(toxicity, threshold),
+        "n": len(attacks),
+        "mean_toxicity": sum(toxicity) / len(toxicity),
+        "diversity": diversity(attacks, embedder),
+    }

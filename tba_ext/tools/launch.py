@@ -3,6 +3,7 @@ starting its own, progress lines, a stall watchdog, and a stop that leaves no pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -29,10 +30,45 @@ def ray_overrides(cfg, ray_tmp: str, worker_env: dict[str, str]) -> list[str]:
     ray_init = cfg.get("ray_kwargs", {}).get("ray_init", {}) or {}
     if ray_init.get("address") or os.environ.get("RAY_ADDRESS"):
         dropped = [f"~ray_kwargs.ray_init.{key}" for key in CLUSTER_OWNED_RAY_KEYS if ray_init.get(key) is not None]
-        env_vars = [f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}='{_quoted(value)}'"
-                    for name, value in sorted(worker_env.items())]
+        env_vars = [
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}='{_quoted(value)}'"
+            for name, value in sorted(worker_env.items())
+        ]
         return dropped + env_vars
     return [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
+
+
+def joined_cluster_runtime(cfg) -> str | None:
+    """For a run joining a Ray cluster: ``off`` when any node of the cluster has a GPU, else ``on`` (the CPU
+    runtime), asked of the cluster rather than of this node, which may be a CPU-only head node of a GPU
+    cluster. None for a run that starts its own Ray (this machine is its cluster)."""
+    address = (cfg.get("ray_kwargs", {}).get("ray_init", {}) or {}).get("address") or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return None
+    import ray
+
+    from tba_ext.cpu.runtime import cluster_has_gpu
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        return "off" if cluster_has_gpu(ray.nodes()) else "on"
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """``os.environ`` with ``values`` set for the duration, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _quoted(value: str) -> str:
@@ -61,9 +97,16 @@ def launch_env(environ, cpu_host: bool, extra: dict | None = None) -> dict:
     return dict(defaults, **environ, **(extra or {}))
 
 
-def run_verl(config_name: str, overrides: list[str], log_path: str | None = None, check: bool = True,
-             metrics_path: str | None = None, extra_env: dict | None = None,
-             stall_timeout: float | None = None, startup_timeout: float = 1800.0) -> int:
+def run_verl(
+    config_name: str,
+    overrides: list[str],
+    log_path: str | None = None,
+    check: bool = True,
+    metrics_path: str | None = None,
+    extra_env: dict | None = None,
+    stall_timeout: float | None = None,
+    startup_timeout: float = 1800.0,
+) -> int:
     """Run ``python -m verl.trainer.main_ppo`` with our config dir; returns its exit code.
 
     ``metrics_path``: verl's own file logger writes every step's metrics there as JSONL.
@@ -73,12 +116,17 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     """
     if stall_timeout is None and os.environ.get("TBA_EXT_STALL_TIMEOUT"):
         stall_timeout = float(os.environ["TBA_EXT_STALL_TIMEOUT"])
-    cfg = compose(config_name, overrides)
-    preflight(cfg)
-    ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
-    from tba_ext.cpu.runtime import cpu_runtime_active
+    from tba_ext.cpu.runtime import OVERRIDE_ENV, cpu_runtime_active
 
-    env = launch_env(os.environ, cpu_host=cpu_runtime_active(), extra=extra_env)
+    cfg = compose(config_name, overrides)
+    extra_env = dict(extra_env or {})
+    if OVERRIDE_ENV not in os.environ and (runtime := joined_cluster_runtime(cfg)):
+        extra_env[OVERRIDE_ENV] = runtime  # the cluster's choice, for this process's checks and every worker
+    with _environ({k: v for k, v in extra_env.items() if k == OVERRIDE_ENV}):
+        preflight(cfg)
+        cpu_host = cpu_runtime_active()
+    ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
+    env = launch_env(os.environ, cpu_host=cpu_host, extra=extra_env)
     logger = []
     if metrics_path:
         env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
@@ -86,9 +134,15 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     added = {k: v for k, v in env.items() if os.environ.get(k) != v}
     config_dir, name, extra = config_location(config_name)
     cmd = [
-        sys.executable, "-m", "verl.trainer.main_ppo",
-        "--config-path", config_dir, "--config-name", name,
-        *extra, *overrides,
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        "--config-path",
+        config_dir,
+        "--config-name",
+        name,
+        *extra,
+        *overrides,
         *ray_overrides(cfg, ray_tmp, added),
         f"hydra.run.dir={ray_tmp}/hydra",  # not ./outputs/<date> in the caller's working directory
         *logger,
@@ -96,8 +150,9 @@ def run_verl(config_name: str, overrides: list[str], log_path: str | None = None
     total = int(cfg.trainer.total_training_steps or 0)
     progress = _Progress(total)
     log = open(log_path, "w") if log_path else None
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
     def pump():  # Ray's daemons inherit the pipe, so reading runs in its own thread and never blocks exit
         for line in proc.stdout:
@@ -176,8 +231,13 @@ def _verbose() -> bool:
 class _Progress:
     """Turns verl's long ``step:N - key:value - ...`` console lines into one short progress line each."""
 
-    KEYS = (("critic/score/mean", "reward"), ("actor/pg_loss", "loss"), ("tb/beta", "beta"),
-            ("replay/fraction", "replay"), ("replay/staleness_mean", "staleness"))
+    KEYS = (
+        ("critic/score/mean", "reward"),
+        ("actor/pg_loss", "loss"),
+        ("tb/beta", "beta"),
+        ("replay/fraction", "replay"),
+        ("replay/staleness_mean", "staleness"),
+    )
 
     def __init__(self, total: int):
         self.total, self.start = total, time.time()

@@ -38,8 +38,10 @@ class ModelSpec:
     seed: int = 0
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
-    """Byte-level BPE over ``texts`` wrapped as a transformers fast tokenizer with a ChatML template."""
+def train_tokenizer(texts: list[str], vocab_size: int, chat_template: bool = True):
+    """Byte-level BPE over ``texts`` wrapped as a transformers fast tokenizer: with a ChatML template and eos
+    ``<|im_end|>``, pad ``<|endoftext|>`` (Qwen's kind), or (``chat_template=False``) with neither template nor pad
+    token and eos ``<|endoftext|>`` (GPT-2's and Pythia's kind)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -53,6 +55,8 @@ def train_tokenizer(texts: list[str], vocab_size: int):
         show_progress=False,
     )
     bpe.train_from_iterator(texts, trainer=trainer)
+    if not chat_template:
+        return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=None, eos_token="<|endoftext|>")
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"
     )
@@ -95,14 +99,21 @@ def build_model(spec: ModelSpec, tokenizer, head: str = "lm"):
     return model
 
 
-def make_model(out_dir: str, texts: list[str], spec: ModelSpec, head: str = "lm") -> dict:
-    """Train the tokenizer on ``texts``, build the model, save both to ``out_dir``; returns a summary."""
-    tokenizer = train_tokenizer(texts, spec.vocab_size)
+def make_model(out_dir: str, texts: list[str], spec: ModelSpec, head: str = "lm", chat_template: bool = True) -> dict:
+    """Train the tokenizer on ``texts``, build the model, save both to ``out_dir``; returns a summary.
+    ``chat_template=False``: a tokenizer like GPT-2's / Pythia's (no chat template, no pad token)."""
+    tokenizer = train_tokenizer(texts, spec.vocab_size, chat_template)
     model = build_model(spec, tokenizer, head)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    summary = dict(asdict(spec), head=head, parameters=sum(p.numel() for p in model.parameters()), vocab=len(tokenizer))
+    summary = dict(
+        asdict(spec),
+        head=head,
+        chat_template=chat_template,
+        parameters=sum(p.numel() for p in model.parameters()),
+        vocab=len(tokenizer),
+    )
     with open(os.path.join(out_dir, "tba_ext_model.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
@@ -119,7 +130,7 @@ def check_model_dir(path: str, key: str = "actor_rollout_ref.model.path") -> Non
     config = AutoConfig.from_pretrained(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ValueError(f"{key}: cannot load a tokenizer from {path}: {exc}") from exc
     if len(tokenizer) > config.vocab_size:
         raise ValueError(

@@ -1,35 +1,77 @@
 """The CPU recipe the quickstart and ``tba-ext compare`` share: task, model, warm start, RL settings, and how a
-staleness level s is set for each method. No verl import."""
+staleness level s is set for each method, and the prepared run folder both start from. No verl import."""
 
 from __future__ import annotations
 
-# Measured choices are in README "Quickstart" and benchmarks/results/; see each key's comment.
-FULL = dict(
-    method="TBA'",        # the quickstart's objective (a key of METHODS): over 3 seeds x 2 repeats greedy gain +0.138 +-
-                          # 0.066 vs plain TB's +0.094 +- 0.051 (benchmarks/results/quickstart_spread*.json)
-    task="arith20",       # two-digit sums, 80 held-out operand pairs (arith has only 10: a coarse measure)
-    size="small", train=4000,
-    test=80,              # each held-out pair once: greedy is deterministic, a repeated row adds nothing
-    sft_steps=300, sft_lr=1e-3,  # warm start: ~0.2 held-out, ~0.45 on training pairs (groups with variance)
-    rl_steps=60, rl_lr=1e-4,
-    batch=32,             # prompts per update: the updates are noise-bound (lr 2e-4 at 16 made seed 1 worse); 32
-                          # took seed 1 0.450 -> 0.525 greedy where 16 fell in 7 of 8 runs (README "Quickstart")
-    group_size=8,         # K responses per prompt: mean sampled gain +0.044 over 6 runs vs +0.026 with K = 4
-                          # (benchmarks/results/quickstart_spread*.json); noisier log Z / baselines with 4
-    recency_prob=0.95,    # m, the paper's GSM8K value
-    staleness=1,          # the quickstart's run: generation one batch ahead (colocate_async)
+import time
+from dataclasses import dataclass
+
+from tba_ext.core.settings import REPLAY_SAMPLER_NAME, REPLAY_SAMPLER_PATH, SAMPLER_KWARGS
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One CPU run's recipe: task, model, warm start and RL settings. Measured choices: docs/quickstart.md and
+    benchmarks/results/; see each field's comment in FULL."""
+
+    method: str  # the objective, a key of METHODS
+    task: str
+    size: str  # model size (tools.models.SIZES)
+    train: int  # training prompts
+    test: int  # held-out prompts
+    sft_steps: int  # supervised warm-start steps
+    sft_lr: float
+    rl_steps: int  # optimizer updates
+    rl_lr: float
+    batch: int  # prompts per update
+    group_size: int  # K responses per prompt
+    recency_prob: float  # m
+    staleness: int  # generation this many batches ahead (0: verl's sync trainer)
+
+
+FULL = Recipe(
+    method="TBA'",  # the quickstart's objective: over 3 seeds x 2 repeats greedy gain +0.138 +- 0.066 vs plain
+    # TB's +0.094 +- 0.051 (benchmarks/results/quickstart_spread*.json)
+    task="arith20",  # two-digit sums, 80 held-out operand pairs (arith has only 10: a coarse measure)
+    size="small",
+    train=4000,
+    test=80,  # each held-out pair once: greedy is deterministic, a repeated row adds nothing
+    sft_steps=300,
+    sft_lr=1e-3,  # warm start: ~0.2 held-out, ~0.45 on training pairs (groups with variance)
+    rl_steps=60,
+    rl_lr=1e-4,
+    batch=32,  # prompts per update: the updates are noise-bound (lr 2e-4 at 16 made seed 1 worse); 32
+    # took seed 1 0.450 -> 0.525 greedy where 16 fell in 7 of 8 runs (benchmarks/results/archive/)
+    group_size=8,  # K: mean sampled gain +0.044 over 6 runs vs +0.026 with K = 4 (benchmarks/results/archive/);
+    # noisier log Z / baselines with 4
+    recency_prob=0.95,  # m, the paper's GSM8K value
+    staleness=1,  # the quickstart's run: generation one batch ahead (colocate_async)
 )
 # CI's plumbing run. 4 updates of 16 prompts at lr 1e-4: held-out greedy 0.41 -> 0.41, 0.09 -> 0.19, 0.41 -> 0.41
 # (seeds 0-2; plain TB 0.41 -> 0.53, 0.09 -> 0.22, 0.41 -> 0.41); 8 prompts at 3e-4 left seed 2 at 0.41 -> 0.19
-SHORT = dict(method="TBA'", task="arith", size="tiny", train=256, test=32, sft_steps=150, sft_lr=3e-3, rl_steps=4,
-             batch=16, rl_lr=1e-4, group_size=4, recency_prob=0.95, staleness=1)
+SHORT = Recipe(
+    method="TBA'",
+    task="arith",
+    size="tiny",
+    train=256,
+    test=32,
+    sft_steps=150,
+    sft_lr=3e-3,
+    rl_steps=4,
+    batch=16,
+    rl_lr=1e-4,
+    group_size=4,
+    recency_prob=0.95,
+    staleness=1,
+)
+STALL_TIMEOUT_S = 600  # a CPU step takes seconds: ten minutes without one means a hung worker
 EVAL_SAMPLES = 16  # temperature-1 samples per held-out prompt for the sampled accuracy (the reward RL optimises)
 
-from tba_ext.core.settings import REPLAY_SAMPLER_NAME, SAMPLER_KWARGS
-
-REPLAY_SAMPLER = ["trainer.v1.sampler.max_off_policy_threshold=null",
-                  "trainer.v1.sampler.custom_sampler.path=pkg://tba_ext.adapters.sampler",
-                  f"trainer.v1.sampler.custom_sampler.name={REPLAY_SAMPLER_NAME}"]
+REPLAY_SAMPLER = [
+    "trainer.v1.sampler.max_off_policy_threshold=null",
+    f"trainer.v1.sampler.custom_sampler.path={REPLAY_SAMPLER_PATH}",
+    f"trainer.v1.sampler.custom_sampler.name={REPLAY_SAMPLER_NAME}",
+]
 METHODS = {
     # name: (config, trainer-mode prefix, uses the replay store)
     "TB": ("cpu_tba", "tba_", True),
@@ -57,18 +99,49 @@ def method_overrides(method: str, staleness: int, recency_prob: float) -> list[s
     return out
 
 
-def training_overrides(run_dir: str, p: dict, seed: int, steps: int, eval_every: int | None = None) -> list[str]:
+def training_overrides(run_dir: str, p: Recipe, seed: int, steps: int, eval_every: int | None = None) -> list[str]:
     """The RL run on top of a prepared run folder: warm-started model, batch, group size, lr, seed, verl's greedy
     validation before training and every ``eval_every`` updates (default: at the end)."""
     return [
         f"run_dir={run_dir}",
         f"actor_rollout_ref.model.path={run_dir}/model_sft",
         f"trainer.total_training_steps={steps}",
-        f"data.train_batch_size={p['batch']}",
-        f"actor_rollout_ref.rollout.n={p['group_size']}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={p['batch']}",
+        f"data.train_batch_size={p.batch}",
+        f"actor_rollout_ref.rollout.n={p.group_size}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={p.batch}",
         f"data.seed={seed}",
-        f"actor_rollout_ref.actor.optim.lr={p['rl_lr']}",
+        f"actor_rollout_ref.actor.optim.lr={p.rl_lr}",
         "trainer.val_before_train=True",
         f"trainer.test_freq={eval_every or steps}",
     ]
+
+
+def prepare(run_dir: str, p: Recipe, seed: int) -> dict:
+    """The run folder the quickstart and compare start from: the model and tokenizer built offline, the task's
+    parquet files and the supervised warm start (``model_sft``)."""
+    from tba_ext.tasks.data import corpus_for, write_task
+    from tba_ext.tools.models import ModelSpec, make_model
+    from tba_ext.tools.warmstart import warm_start
+
+    t0 = time.time()
+    print(f"[1/5] building a {p.size} Qwen2 model and tokenizer offline", flush=True)
+    task = p.task
+    model_info = make_model(f"{run_dir}/model", corpus_for(task, seed), ModelSpec(size=p.size, seed=seed))
+    print(f"      {model_info['parameters']:,} parameters, vocabulary {model_info['vocab']}", flush=True)
+    print(f"[2/5] writing the arithmetic task: {p.train} train / {p.test} test prompts", flush=True)
+    write_task(task, f"{run_dir}/data", p.train, p.test, seed)
+    print(f"[3/5] supervised warm start, {p.sft_steps} steps", flush=True)
+    losses = warm_start(
+        f"{run_dir}/model",
+        f"{run_dir}/data/train.parquet",
+        f"{run_dir}/model_sft",
+        steps=p.sft_steps,
+        lr=p.sft_lr,
+        seed=seed,
+        log_every=max(p.sft_steps // 4, 1),
+    )
+    return {
+        "model": model_info,
+        "sft_final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "prepare_seconds": time.time() - t0,
+    }

@@ -8,7 +8,7 @@ import os
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -29,8 +29,9 @@ def find_key(records: list[dict], prefix: str, suffix: str) -> str | None:
     return None
 
 
-def plot_runs(runs: dict[str, list[dict]], panels: list[tuple[str, str]], path: str, x: str = "step",
-              title: str = "") -> str:
+def plot_runs(
+    runs: dict[str, list[dict]], panels: list[tuple[str, str]], path: str, x: str = "step", title: str = ""
+) -> str:
     """One PNG: a panel per (metric key, label), one line per run. ``x`` is "step" or "time"."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (key, label) in zip(axes[0], panels):

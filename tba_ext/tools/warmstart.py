@@ -28,8 +28,17 @@ def sft_examples(parquet_path: str, tokenizer) -> list[tuple[list[int], list[int
     return examples
 
 
-def warm_start(model_dir: str, train_parquet: str, out_dir: str, steps: int, batch_size: int = 32,
-               lr: float = 3e-3, seed: int = 0, max_examples: int | None = None, log_every: int = 50) -> list[float]:
+def warm_start(
+    model_dir: str,
+    train_parquet: str,
+    out_dir: str,
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+    max_examples: int | None = None,
+    log_every: int = 50,
+) -> list[float]:
     """Fine-tune ``model_dir`` for ``steps`` steps and save to ``out_dir``; returns the loss curve."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -1,0 +1,372 @@
+"""Writes the generated parts of the docs from the code and the results JSONs.
+
+    python docs/generate.py          # rewrite them
+    python docs/generate.py --check  # exit 1 naming each page that is stale (tests/test_docs.py runs this)
+
+A page marks a generated block with ``<!-- generated: NAME -->`` ... ``<!-- end generated -->``; ``results.md`` is
+generated whole from ``benchmarks/results/*.json`` (the archive folder is not rendered).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import io
+import json
+import os
+import re
+import sys
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+RESULTS = ROOT / "benchmarks" / "results"
+BLOCK = re.compile(r"(<!-- generated: (\S+) -->\n)(.*?)(<!-- end generated -->)", re.S)
+
+
+# ---- settings tables, from the dataclasses and the comments beside their fields
+
+
+def field_comments(cls) -> dict[str, str]:
+    """Each field's comment: the lines right above it and the one on its line, joined."""
+    lines, _ = inspect.getsourcelines(cls)
+    source = "".join(lines)
+    comments: dict[int, tuple[str, bool]] = {}  # line -> (text, alone on its line)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            alone = not tok.line[: tok.start[1]].strip()
+            comments[tok.start[0]] = (tok.string.lstrip("#").strip(), alone)
+    tree = ast.parse(source)  # a module-level class: its source is not indented
+    out = {}
+    for node in tree.body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above, line = [], node.lineno - 1
+            while line in comments and comments[line][1]:
+                above.insert(0, comments[line][0])
+                line -= 1
+            inline = comments.get(node.lineno)
+            parts = above + ([inline[0]] if inline and not inline[1] else [])
+            out[node.target.id] = " ".join(parts)
+    return out
+
+
+def yaml_value(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def settings_rows(cls, prefix: str) -> list[str]:
+    comments = field_comments(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if dataclasses.is_dataclass(default):
+            rows += settings_rows(type(default), f"{prefix}{f.name}.")
+            continue
+        doc = comments.get(f.name, "").replace("|", "\\|")
+        rows.append(f"| `{prefix}{f.name}` | `{yaml_value(default)}` | {doc} |")
+    return rows
+
+
+def settings_table(cls, prefix: str) -> str:
+    return "\n".join(["| key | default | what |", "|---|---|---|", *settings_rows(cls, prefix)]) + "\n"
+
+
+# ---- configs and CLI
+
+
+def configs_table() -> str:
+    from tba_ext.tools.config import CONFIG_DIR, GPU_CONFIG_DIR, list_configs
+
+    rows = ["| config | where | what |", "|---|---|---|"]
+    for name in list_configs():
+        gpu = os.path.exists(os.path.join(GPU_CONFIG_DIR, f"{name}.yaml"))
+        path = os.path.join(GPU_CONFIG_DIR if gpu else CONFIG_DIR, f"{name}.yaml")
+        with open(path) as f:
+            head = []
+            for line in f:
+                if not line.startswith("#"):
+                    break
+                head.append(line.lstrip("#").strip())
+        rows.append(f"| `{name}` | {'GPU' if gpu else 'CPU'} | {' '.join(head).replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
+def cli_reference() -> str:
+    os.environ["COLUMNS"] = "110"  # argparse wraps to the terminal: fixed, so the page does not depend on it
+    from tba_ext.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    parts = []
+    for name, p in sub.choices.items():
+        parts.append(f"### `tba-ext {name}`\n\n```text\n{p.format_help().rstrip()}\n```\n")
+    return "\n".join(parts)
+
+
+# ---- results
+
+
+def load_results() -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+
+
+def spread(s: dict, digits: int = 2) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def provenance_line(doc: dict) -> str:
+    p = doc.get("provenance")
+    if not p:
+        return "*No provenance recorded.*"
+    where = f"{p.get('cores')} cores, {p.get('machine')}"
+    versions = ", ".join(f"{k} {p[k]}" for k in ("tba_ext", "verl", "torch", "python") if p.get(k))
+    load = p.get("load_avg_1m_at_start")
+    text = f"commit `{str(p.get('commit'))[:10]}`{' (uncommitted changes)' if p.get('dirty') else ''}, {p.get('date')}"
+    text += f"; {versions}; {where}" + (f"; load {load:.2f} at start" if load is not None else "")
+    if p.get("source"):
+        text += f". {p['source']}"
+    return f"*Made at {text}.*"
+
+
+def compare_table(doc: dict) -> str:
+    rows = [
+        "| method | s | n | greedy gain (mean +- sd) | 95 % interval | sampled gain (mean +- sd) "
+        "| kept (greedy, sampled) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method, cells in doc["summary"].items():
+        for s in sorted(cells, key=int):
+            c = cells[s]
+            low, high = c["gain_mean"] - c["gain_ci95"], c["gain_mean"] + c["gain_ci95"]
+            kept = "" if s == "0" else f"{100 * c['gain_kept']:.0f} %, {100 * c['sampled_gain_kept']:.0f} %"
+            rows.append(
+                f"| {method} | {s} | {c['n_seeds']} | {c['gain_mean']:+.3f} +- {c['gain_sd']:.3f} | "
+                f"[{low:+.3f}, {high:+.3f}] | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} |"
+            )
+    return "\n".join(rows) + "\n"
+
+
+def goal_line(doc: dict, keys: dict[str, str]) -> str:
+    """'key value (goal op g: met)' for each headline key with a goal; a dict of values gives one per entry."""
+    goals = doc.get("goals", {})
+    ops = {"<=": lambda v, g: v <= g, ">=": lambda v, g: v >= g, "<": lambda v, g: v < g}
+    parts = []
+    for key, op in keys.items():
+        if key not in doc or goals.get(key) is None:
+            continue
+        values = doc[key] if isinstance(doc[key], dict) else {"": doc[key]}
+        for name, value in values.items():
+            if value is None:
+                continue
+            label = f"`{key}`" + (f" ({name})" if name else "")
+            met = "met" if ops[op](value, goals[key]) else "**not met**"
+            parts.append(f"{label} {value:.3g} (goal {op} {goals[key]}: {met})")
+    return "; ".join(parts)
+
+
+def trainer_passes(doc: dict) -> str:
+    rows = [
+        "| configuration | trainer s / update | worker calls / update | forward units / trajectory "
+        "| generation s / step |",
+        "|---|---|---|---|---|",
+    ]
+    for name, c in doc["configurations"].items():
+        gen = spread(c["gen_s"]) if "gen_s" in c else ""
+        rows.append(
+            f"| {name} | {spread(c['trainer_s'])} | {c['trainer_calls_per_update']:g} | "
+            f"{c['forward_units_per_trajectory']:g} | {gen} |"
+        )
+    keys = {"worker_calls_per_update": "<=", "trainer_s_vs_three_call": "<=", "trainer_s_vs_drgrpo": "<="}
+    return "\n".join(rows) + "\n\n" + goal_line(doc, keys) + "\n"
+
+
+def async_speedup(doc: dict) -> str:
+    out = []
+    for regime, r in doc.get("regimes", {}).items():
+        out.append(
+            f"**{regime}** ({r['task']}, max_response_length {r['max_response_length']}, "
+            f"{r['updates_measured']} measured updates of {r['prompts_per_update']} prompts, k = "
+            f"{r['updates_per_sync']}, {r['repeats']} repeats, `{r['model']}` model): generation "
+            f"{r['generation_share']:.2f} of sync's wall; ideal overlap {r['ideal_overlap']:.2f}x; CPU-bound ceiling "
+            f"{r['cpu_bound_ceiling']:.2f}x on {r['cores']} cores. {provenance_line(r)}\n"
+        )
+        out.append(
+            "| run | wall s | vs sync | fraction of ideal | trainer idle | searcher idle | weight sync share | "
+            "cores busy | CPU s / update | response tokens |"
+        )
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for name, c in r["configurations"].items():
+            speed = f"{c['speedup_vs_sync']:.2f}x" if "speedup_vs_sync" in c else "1.00x"
+            frac = f"{c['fraction_of_ideal_overlap']:.2f}" if "fraction_of_ideal_overlap" in c else ""
+            idle = spread(c["searcher_idle_ratio"]) if "searcher_idle_ratio" in c else ""
+            length = f"{c['response_length_mean']['median']:.1f}" if "response_length_mean" in c else ""
+            out.append(
+                f"| {name} | {spread(c['wall_s'], 1)} | {speed} | {frac} | {spread(c['trainer_idle_ratio'])} | {idle} "
+                f"| {c['weight_sync_share']['median']:.3f} | {c['cores_busy']['median']:.2f} | "
+                f"{c['cpu_s_per_update']['median']:.2f} | {length} |"
+            )
+        out.append(
+            f"\nGoals: speedup_vs_sync >= {r['goals']['speedup_vs_sync']}, fraction_of_ideal_overlap >= "
+            f"{r['goals']['fraction_of_ideal_overlap']}"
+            + (f", generation share >= {r['goals']['generation_share']}" if r["goals"].get("generation_share") else "")
+            + ".\n"
+        )
+    return "\n".join(out)
+
+
+def replay(doc: dict) -> str:
+    keys = {"sample_ms_1e6": "<", "bytes_ratio": "<="}
+    return goal_line(doc, keys) + f"; insert at 1e6: {doc['insert_per_s_1e6']:,.0f} trajectories/s.\n"
+
+
+def quickstart_spread(doc: dict) -> str:
+    low, high = doc["gain_mean"] - doc["gain_ci95"], doc["gain_mean"] + doc["gain_ci95"]
+    slow, shigh = (
+        doc["sampled_gain_mean"] - doc["sampled_gain_ci95"],
+        doc["sampled_gain_mean"] + doc["sampled_gain_ci95"],
+    )
+    rows = ["| seed | repeat | greedy before -> after | sampled before -> after | total s |", "|---|---|---|---|---|"]
+    for r in doc["runs"]:
+        rows.append(
+            f"| {r['seed']} | {r['repeat'] + 1} | {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} | "
+            f"{r['sampled_before']:.3f} -> {r['sampled_after']:.3f} | {r['total_seconds']:.0f} |"
+        )
+    return (
+        f"Greedy gain {doc['gain_mean']:+.3f} +- {doc['gain_sd']:.3f} (mean +- sd, 95 % interval [{low:+.3f}, "
+        f"{high:+.3f}]), sampled gain {doc['sampled_gain_mean']:+.3f} +- {doc['sampled_gain_sd']:.3f} ([{slow:+.3f}, "
+        f"{shigh:+.3f}]); {doc['runs_improved']} of {doc['n_runs']} runs improved (greedy), "
+        f"{doc['sampled_runs_improved']} (sampled).\n\n" + "\n".join(rows) + "\n"
+    )
+
+
+def e2e_margins(doc: dict) -> str:
+    rows = ["| check | runs | worst value / bound |", "|---|---|---|"]
+    for name, c in doc["checks"].items():
+        rows.append(f"| {name.replace('|', '/')} | {len(c['values'])} | {c['worst_ratio']:.3g} |")
+    return doc.get("how", "") + "\n\n" + "\n".join(rows) + "\n"
+
+
+def cpu_overlap(doc: dict) -> str:
+    cases = ", ".join(f"{n} at once {c['throughput_vs_one']:.2f}x" for n, c in doc["cases"].items())
+    return f"Throughput of single-threaded workers against one alone on {doc['cpus']} cores: {cases}.\n"
+
+
+# file name (without .json) -> (title, what made it, renderer)
+RENDERERS = {
+    "trainer_passes_searcher_ref": (
+        "Trainer cost per update, with the searcher's reference log-probs",
+        "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_fused tb_three_call drgrpo",
+        trainer_passes,
+    ),
+    "trainer_passes": (
+        "Trainer cost per update, tb and tb_pg (before the reference cache)",
+        "benchmarks/trainer_passes.py",
+        trainer_passes,
+    ),
+    "async_speedup": (
+        "Decoupled vs sync",
+        "benchmarks/async_speedup.py --regime short|generation_bound",
+        async_speedup,
+    ),
+    "replay": ("Replay store speed and footprint", "benchmarks/replay.py", replay),
+    "quickstart_spread": ("Quickstart over seeds (TBA′)", "benchmarks/quickstart_spread.py", quickstart_spread),
+    "quickstart_spread_tb": (
+        "Quickstart over seeds (plain TB, the baseline)",
+        "benchmarks/quickstart_spread.py",
+        quickstart_spread,
+    ),
+    "compare": ("TB, TBA′ and Dr. GRPO over staleness", "benchmarks/compare_grid.py", compare_table),
+    "e2e_margins": ("How close the e2e checks come to their bounds", "benchmarks/e2e_margins.py", e2e_margins),
+    "cpu_overlap": ("What two cores give", "benchmarks/cpu_overlap.py", cpu_overlap),
+}
+
+
+def results_page() -> str:
+    docs = load_results()
+    unknown = sorted(set(n[:-5] for n in docs) - set(RENDERERS))
+    if unknown:
+        raise SystemExit(
+            f"docs/generate.py has no renderer for benchmarks/results/{unknown[0]}.json: add one to "
+            "RENDERERS, or move the file to benchmarks/results/archive/"
+        )
+    parts = [
+        "# Results\n",
+        "Generated by `python docs/generate.py` from `benchmarks/results/*.json`; do not edit. Each section says how "
+        "and "
+        "where its figures were made. Superseded and exploratory results are in `benchmarks/results/archive/`. "
+        "Figures are medians over repeats with their min-max spread unless a section says otherwise.\n",
+    ]
+    for stem, (title, script, render) in RENDERERS.items():
+        doc = docs.get(f"{stem}.json")
+        if doc is None:
+            continue
+        how = doc.get("how") if isinstance(doc.get("how"), str) and render is not e2e_margins else None
+        parts.append(f"## {title}\n")
+        parts.append(f"`benchmarks/results/{stem}.json`, made by `{script}`. {provenance_line(doc)}\n")
+        if how:
+            parts.append(how + "\n")
+        parts.append(render(doc))
+    return "\n".join(parts)
+
+
+# ---- the pages
+
+
+def blocks() -> dict[str, str]:
+    from tba_ext.core.settings import ReplaySettings, TBASettings
+
+    return {
+        "ReplaySettings": lambda: settings_table(ReplaySettings, "sampler_kwargs."),
+        "TBASettings": lambda: settings_table(TBASettings, "tba."),
+        "configs": configs_table,
+        "cli": cli_reference,
+        "compare": lambda: compare_table(load_results()["compare.json"]),
+    }
+
+
+def rendered() -> dict[Path, str]:
+    """Every generated page's text as it should be."""
+    makers = blocks()
+    pages = {}
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+
+        def fill(m, page=page):
+            name = m.group(2)
+            if name not in makers:
+                raise SystemExit(f"{page.name}: unknown generated block {name!r}; known: {sorted(makers)}")
+            return m.group(1) + makers[name]() + m.group(4)
+
+        new = BLOCK.sub(fill, text)
+        if new != text:
+            pages[page] = new
+    pages[DOCS / "results.md"] = results_page()
+    return pages
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", action="store_true", help="only report stale pages")
+    args = parser.parse_args()
+    stale = []
+    for page, text in rendered().items():
+        if not page.exists() or page.read_text() != text:
+            stale.append(page.relative_to(ROOT))
+            if not args.check:
+                page.write_text(text)
+    if args.check and stale:
+        print(f"stale generated docs: {', '.join(map(str, stale))}; run python docs/generate.py", file=sys.stderr)
+        return 1
+    print(f"{'stale' if args.check else 'rewrote'}: {', '.join(map(str, stale)) or 'nothing'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

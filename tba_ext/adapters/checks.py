@@ -1,0 +1,279 @@
+"""Start-up checks of a TB / TBA run against verl's config (the full config as nested dicts): each refusal names
+the config key to change. Called by the trainer modes (``adapters.trainer``) and by ``tba-ext train``'s preflight
+before Ray starts; reads verl's keys, imports nothing of verl.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tba_ext.core.settings import (
+    IS_RATIO_MAX,
+    REPLAY_SAMPLER_NAME,
+    SAMPLER_KWARGS,
+    TB_MODES,
+    ReplaySettings,
+    TBASettings,
+    checked_beta,
+    parse_replay_settings,
+    parse_settings,
+)
+from tba_ext.core.steps import dataloader_fetch
+
+
+def check_tb_run(cfg: Mapping[str, Any]) -> None:
+    """Refuse verl settings that break the TB estimator. ``cfg`` is the full verl config as nested dicts."""
+    algo = cfg["algorithm"]
+    actor = cfg["actor_rollout_ref"]["actor"]
+    rollout = cfg["actor_rollout_ref"]["rollout"]
+    estimator = algo.get("adv_estimator")
+    loss_mode = actor.get("policy_loss", {}).get("loss_mode")
+    tb_estimator = estimator in TB_MODES
+    if loss_mode in TB_MODES and estimator != loss_mode:
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} needs algorithm.adv_estimator={loss_mode}, "
+            f"got {estimator}"
+        )
+    if not tb_estimator:
+        return
+    checked_beta(algo.get("kl_ctrl", {}).get("kl_coef"))
+    if not algo.get("use_kl_in_reward", False):
+        raise ValueError("TB needs algorithm.use_kl_in_reward=True (the reference log-probs enter through it)")
+    if algo.get("kl_penalty", "kl") != "kl":
+        raise ValueError(
+            f"TB needs algorithm.kl_penalty=kl (the k1 sequence log-ratio of eq. 5), got {algo.get('kl_penalty')}"
+        )
+    if algo.get("kl_ctrl", {}).get("type", "fixed") != "fixed":
+        raise ValueError("TB needs algorithm.kl_ctrl.type=fixed (beta moves only by tba.beta)")
+    if int(rollout.get("n", 1)) < 2:
+        raise ValueError(f"TB needs actor_rollout_ref.rollout.n >= 2 (a VarGrad group), got {rollout.get('n')}")
+    correction = algo.get("rollout_correction") or {}
+    if correction.get("bypass_mode", False):
+        raise ValueError(
+            "algorithm.rollout_correction.bypass_mode=True replaces old log-probs by rollout log-probs, which "
+            "breaks TB's log Z estimate; set it to False"
+        )
+    if loss_mode == "tb" and correction.get("rollout_is"):
+        raise ValueError("TB takes no importance weights: set algorithm.rollout_correction.rollout_is=null")
+    if loss_mode == "tb_pg":
+        check_tb_pg_importance_weights(correction, actor.get("policy_loss", {}), rollout)
+    if actor.get("use_kl_loss", False):
+        raise ValueError("TB carries its KL term in the reward: set actor_rollout_ref.actor.use_kl_loss=False")
+
+
+def check_reference_updates(cfg: Mapping[str, Any], settings: TBASettings) -> None:
+    """Refuse, at start-up, a reference update (``tba.ref_reset_every``) that could not run: the copy works on
+    FSDP2 engines (DTensor shards updated in place), with the reference beside the actor (hybrid) or in its
+    own worker group."""
+    if not settings.ref_reset_every:
+        if settings.ref_ema:
+            raise ValueError(
+                "tba.ref_ema is set but tba.ref_reset_every=0 never updates the reference; set "
+                "tba.ref_reset_every (1 = after every update)"
+            )
+        return
+    aro = cfg["actor_rollout_ref"]
+    for role in ("actor", "ref"):
+        strategy = (aro.get(role) or {}).get("strategy", "fsdp")
+        if strategy != "fsdp2":
+            raise ValueError(
+                f"tba.ref_reset_every needs FSDP2 engines (actor_rollout_ref.{role}.strategy=fsdp2); "
+                f"with strategy={strategy} the reference cannot be updated: set tba.ref_reset_every=0"
+            )
+    model = aro.get("model", {})
+    lora_rank = (model.get("lora") or {}).get("rank", 0) or model.get("lora_rank", 0)
+    if lora_rank or model.get("lora_adapter_path"):
+        raise ValueError(
+            "tba.ref_reset_every cannot update a LoRA run's reference (it is the base model under the "
+            "adapter): set tba.ref_reset_every=0 or train without LoRA"
+        )
+    algo = cfg["algorithm"]
+    if not (algo.get("use_kl_in_reward") or aro["actor"].get("use_kl_loss")):
+        raise ValueError(
+            "tba.ref_reset_every is set but the run has no reference policy (neither "
+            "algorithm.use_kl_in_reward nor actor_rollout_ref.actor.use_kl_loss)"
+        )
+
+
+def check_searcher_queue(cfg: Mapping[str, Any], settings: TBASettings) -> None:
+    """Free-running searchers (``tba.searcher_queue_prompts``) need the decoupled trainer and room for at least
+    one dataloader fetch."""
+    queue = settings.searcher_queue_prompts
+    if queue is None:
+        if settings.searcher_prompts_per_consumed is not None:
+            raise ValueError(
+                "tba.searcher_prompts_per_consumed paces free-running searchers: it needs tba.searcher_queue_prompts"
+            )
+        return
+    mode = cfg["trainer"]["v1"].get("trainer_mode")
+    if mode != "tba_separate_async":
+        raise ValueError(
+            f"tba.searcher_queue_prompts needs trainer.v1.trainer_mode=tba_separate_async (decoupled "
+            f"searchers), got {mode}"
+        )
+    chunk = dataloader_fetch(cfg["data"])
+    if queue < chunk:
+        raise ValueError(
+            f"tba.searcher_queue_prompts={queue} is below one dataloader fetch of {chunk} prompts "
+            "(data.gen_batch_size, else data.train_batch_size): nothing could be queued"
+        )
+
+
+def fused_update_plan(cfg: Mapping[str, Any], settings: TBASettings) -> tuple[bool, str]:
+    """Whether a tb / tb_pg run takes the fused update, and why not when it does not. Refuses, naming the key,
+    settings under which a micro-batch could not hold whole prompt groups (log Z is a group mean of the forward)."""
+    algo, aro = cfg["algorithm"], cfg["actor_rollout_ref"]
+    actor, n = aro["actor"], int(aro["rollout"]["n"])
+    if algo.get("adv_estimator") not in TB_MODES:
+        return False, "not a tb / tb_pg run"
+    if not settings.fused_update:
+        return False, "tba.fused_update=false"
+    if actor.get("strategy") == "megatron":
+        return False, (
+            "Megatron actor: verl's three-call update (old log-probs, advantage, update); the fused "
+            "update needs the FSDP engine's force_group_size micro-batching"
+        )
+    prefix = "actor_rollout_ref.actor."
+    if actor.get("shuffle", False):
+        raise ValueError(
+            f"{prefix}shuffle=True splits prompt groups across mini-batches; the fused TB update takes "
+            "log Z from whole groups: set it to False (or tba.fused_update=false)"
+        )
+    if actor.get("use_dynamic_bsz", False):
+        data = cfg["data"]
+        group_tokens = n * (int(data["max_prompt_length"]) + int(data["max_response_length"]))
+        if int(actor.get("ppo_max_token_len_per_gpu") or 0) < group_tokens:
+            raise ValueError(
+                f"{prefix}ppo_max_token_len_per_gpu={actor.get('ppo_max_token_len_per_gpu')} cannot "
+                f"hold one prompt group of rollout.n={n} at full length ({group_tokens} tokens); the "
+                "fused TB update keeps groups whole per micro-batch: raise it"
+            )
+    else:
+        micro = actor.get("ppo_micro_batch_size_per_gpu")
+        if micro is None or int(micro) % n:
+            raise ValueError(
+                f"{prefix}ppo_micro_batch_size_per_gpu={micro} must be a multiple of rollout.n={n}: the "
+                "fused TB update keeps prompt groups whole per micro-batch"
+            )
+    trainer = cfg["trainer"]
+    dp = int(trainer.get("n_gpus_per_node", 1)) * int(trainer.get("nnodes", 1))
+    dp //= int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    k = int(((trainer.get("v1") or {}).get("separate_async") or {}).get("parameter_sync_step", 1) or 1)
+    if trainer.get("v1", {}).get("trainer_mode") != "tba_separate_async":
+        k = 1
+    per_update = int(cfg["data"]["train_batch_size"]) // k
+    if per_update % dp or int(actor["ppo_mini_batch_size"]) % dp:
+        raise ValueError(
+            f"data.train_batch_size / k = {per_update} and {prefix}ppo_mini_batch_size="
+            f"{actor['ppo_mini_batch_size']} prompts must be multiples of the {dp} data-parallel "
+            "ranks: the fused TB update gives each rank whole prompt groups"
+        )
+    return True, "fused"
+
+
+def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings | None]:
+    """Every start-up check of a run (full verl config as nested dicts): the ``tba:`` node, the TB estimator,
+    the replay sampler, reference updates, free-running searchers and the fused update. Returns the parsed settings."""
+    settings = parse_settings(cfg.get("tba"))
+    check_tb_run(cfg)
+    replay = check_replay_run(cfg)
+    check_reference_updates(cfg, settings)
+    check_searcher_queue(cfg, settings)
+    check_lr_schedule(cfg, settings)
+    fused_update_plan(cfg, settings)
+    return settings, replay
+
+
+def check_lr_schedule(cfg: Mapping[str, Any], settings: TBASettings) -> None:
+    """``tba.lr_schedule`` replaces the actor's scheduler in its FSDP engine; verl's own warmup and schedule
+    would be silently overridden, so they must be left at their defaults."""
+    if settings.lr_schedule.name is None:
+        return
+    actor = cfg["actor_rollout_ref"]["actor"]
+    if actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2"):
+        raise ValueError(
+            f"tba.lr_schedule replaces the FSDP engine's scheduler; actor_rollout_ref.actor.strategy="
+            f"{actor.get('strategy')} keeps its own: set tba.lr_schedule.name=null"
+        )
+    optim = actor.get("optim") or {}
+    if (
+        optim.get("lr_scheduler_type", "constant") != "constant"
+        or (optim.get("lr_warmup_steps") or -1) > 0
+        or (optim.get("lr_warmup_steps_ratio") or 0.0) > 0
+    ):
+        raise ValueError(
+            "tba.lr_schedule sets the warmup and decay itself: leave actor_rollout_ref.actor.optim."
+            "lr_scheduler_type=constant with no lr_warmup_steps / lr_warmup_steps_ratio"
+        )
+
+
+def check_tb_pg_importance_weights(
+    correction: Mapping[str, Any], policy_loss: Mapping[str, Any], rollout: Mapping[str, Any]
+) -> None:
+    """TBA' weights each token by min(pi_theta / pi_rollout, is_ratio_max). verl supplies pi_old / pi_rollout
+    (``rollout_is_weights``, from the searcher's log-probs) when token-level rollout IS is on; the loss
+    multiplies it by pi_theta / pi_old and clamps. verl's own truncation must not bite first."""
+    prefix = "algorithm.rollout_correction."
+    if correction.get("rollout_is") != "token":
+        raise ValueError(
+            f"tb_pg weights tokens by pi_theta / pi_rollout: set {prefix}rollout_is=token "
+            f"(got {correction.get('rollout_is')}); verl then passes pi_old / pi_rollout to the loss"
+        )
+    is_ratio_max = float(policy_loss.get("is_ratio_max", IS_RATIO_MAX))
+    threshold = correction.get("rollout_is_threshold", 2.0)
+    if isinstance(threshold, str) and "_" in threshold or float(threshold) < 1e3 * is_ratio_max:
+        raise ValueError(
+            f"tb_pg clamps the whole ratio at actor_rollout_ref.actor.policy_loss.is_ratio_max="
+            f"{is_ratio_max}; verl's truncation {prefix}rollout_is_threshold={threshold} would clip "
+            f"pi_old / pi_rollout first: set it to 1e6 (or above 1000 * is_ratio_max)"
+        )
+    if correction.get("rollout_is_batch_normalize", False):
+        raise ValueError(f"tb_pg needs the raw ratio: set {prefix}rollout_is_batch_normalize=False")
+    if not rollout.get("calculate_log_probs", False):
+        raise ValueError("tb_pg needs the searcher's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True")
+
+
+def uses_replay_sampler(cfg: Mapping[str, Any]) -> bool:
+    """Whether a full verl config (nested dicts or a DictConfig) selects tba-ext's replay sampler."""
+    sampler = ((cfg.get("trainer") or {}).get("v1") or {}).get("sampler") or {}
+    return (sampler.get("custom_sampler") or {}).get("name") == REPLAY_SAMPLER_NAME
+
+
+def check_replay_run(cfg: Mapping[str, Any]) -> ReplaySettings | None:
+    """The replay settings of a full verl config (None without the replay sampler), checked against verl's
+    own keys: the trainer draws K = rollout.n of the S = samples_per_prompt generated per prompt."""
+    n = int(cfg["actor_rollout_ref"]["rollout"].get("n", 1))
+    if not uses_replay_sampler(cfg):
+        return None
+    settings = parse_replay_settings(cfg["trainer"]["v1"]["sampler"].get("sampler_kwargs"), SAMPLER_KWARGS)
+    s = settings.samples_per_prompt
+    if s is not None and s < n:
+        raise ValueError(
+            f"{SAMPLER_KWARGS}samples_per_prompt={s} is S, generated per prompt; it must be >= "
+            f"actor_rollout_ref.rollout.n={n}, the K the trainer draws per group"
+        )
+    mode = cfg["trainer"]["v1"].get("trainer_mode", "sync")
+    if s is not None and s > n and not str(mode).startswith("tba_"):
+        raise ValueError(
+            f"{SAMPLER_KWARGS}samples_per_prompt={s} > rollout.n needs a tba_* trainer mode (it asks "
+            f"the searchers for S samples per prompt); trainer.v1.trainer_mode is {mode}"
+        )
+    k = int(
+        ((cfg["trainer"]["v1"].get("separate_async") or {}).get("parameter_sync_step") or 1)
+        if mode == "tba_separate_async"
+        else 1
+    )
+    if settings.max_staleness is not None and settings.max_staleness < k - 1:
+        raise ValueError(
+            f"{SAMPLER_KWARGS}max_staleness={settings.max_staleness}: decoupled searchers hold weights "
+            f"up to k - 1 = {k - 1} updates older than the trainer's at local updates 2..k "
+            f"(trainer.v1.separate_async.parameter_sync_step={k}), so no batch could be served; set it "
+            f">= {k - 1}"
+        )
+    if (s or n) > settings.per_prompt_capacity:
+        raise ValueError(
+            f"{SAMPLER_KWARGS}per_prompt_capacity={settings.per_prompt_capacity} cannot hold one "
+            f"generation of {s or n} samples per prompt; raise it"
+        )
+    return settings

@@ -1,0 +1,63 @@
+"""The arithmetic of verl's step units: optimizer updates per global step, the policy version data is counted
+against, prompts to queue at the searchers, and verl's checkpoint folders. No verl import.
+
+Every schedule and staleness setting of tba-ext counts optimizer updates (the paper's unit): one verl global step
+is ``updates_per_step`` of them (k = parameter_sync_step in separate_async; train_batch_size /
+ppo_mini_batch_size x ppo_epochs in general).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+
+def step_folder(default_local_dir: str, global_step: int) -> str:
+    """verl's checkpoint folder of a global step (``trainer.default_local_dir``/global_step_N)."""
+    return os.path.join(default_local_dir, f"global_step_{global_step}")
+
+
+def hf_model_dir(default_local_dir: str, global_step: int) -> str:
+    """The Hugging Face copy verl saves with ``checkpoint.save_contents`` including hf_model."""
+    return os.path.join(step_folder(default_local_dir, global_step), "actor", "huggingface")
+
+
+def updates_per_step(cfg: Mapping[str, Any]) -> int:
+    """Optimizer updates in one verl global step: one per mini-batch and PPO epoch (in separate_async the
+    mini-batch count is k = parameter_sync_step, verl's own contract)."""
+    actor = cfg["actor_rollout_ref"]["actor"]
+    batch, mini = int(cfg["data"]["train_batch_size"]), int(actor["ppo_mini_batch_size"])
+    return int(actor.get("ppo_epochs", 1)) * max(batch // mini, 1)
+
+
+def trainer_version(global_step: int, local_update: int, updates_per_step: int, local_updates: int) -> int:
+    """Optimizer updates already applied to the policy that trains at ``local_update`` (from 0) of verl global
+    step ``global_step`` (from 1), whose ``updates_per_step`` updates are made in ``local_updates`` samples (k in
+    separate_async, else 1): the version the staleness of the sampled data is counted against."""
+    return (max(global_step, 1) - 1) * updates_per_step + local_update * (updates_per_step // local_updates)
+
+
+def dataloader_fetch(data: Mapping[str, Any]) -> int:
+    """Prompts verl's dataloader hands over at once: ``data.gen_batch_size``, else ``data.train_batch_size``."""
+    return data.get("gen_batch_size") or data["train_batch_size"]
+
+
+def prompts_to_queue(
+    queue: int, inflight: int, chunk: int, submitted: int, consumed: int, per_consumed: float | None
+) -> int:
+    """Prompts to hand the searchers now (whole dataloader ``chunk``s): enough to bring those queued or generating
+    up to ``queue``; paced (``per_consumed``), never more than ``queue + per_consumed * consumed`` submitted in
+    all, so the searchers stay at most the queue ahead of what the trainer consumes."""
+    missing = queue - inflight
+    if per_consumed is not None:
+        missing = min(missing, int(queue + per_consumed * consumed) - submitted)
+    return max(missing, 0) // chunk * chunk
+
+
+def scheduler_updates_per_call(cfg: Mapping[str, Any]) -> int:
+    """Optimizer updates per verl scheduler step: verl steps the actor's scheduler once per ``update_actor`` call,
+    which is one per global step, or one per local update in separate_async."""
+    mode = cfg["trainer"].get("v1", {}).get("trainer_mode", "")
+    calls = int(cfg["trainer"]["v1"]["separate_async"]["parameter_sync_step"]) if mode.endswith("separate_async") else 1
+    return updates_per_step(cfg) // calls
