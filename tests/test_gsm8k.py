@@ -65,3 +65,23 @@ def test_gsm_symbolic_offline():
     assert {r["prompt"][0]["content"] for r in rows}.isdisjoint({r["prompt"][0]["content"] for r in test})
     cot = rows[0]["extra_info"]["answer_text"]
     assert compute_score("tba_ext/gsm_symbolic", cot, rows[0]["reward_model"]["ground_truth"]) == 1.0
+
+
+def test_math_verify_grading_works_in_verls_reward_threads():
+    """verl's reward loop calls the reward function from worker threads; math-verify's default time limit
+    (signal.alarm) raises there on every row."""
+    import threading
+
+    from tba_ext.tasks.gsm8k import gsm8k_score
+    from tba_ext.tasks.hendrycks_math import math_score
+
+    out = {}
+
+    def score():
+        out["gsm8k"] = gsm8k_score("so 3 + 4 = 7\n#### 7", "7", rule="math_verify")
+        out["math"] = math_score("the answer is $\\boxed{\\frac{1}{2}}$", "0.5")
+
+    thread = threading.Thread(target=score)
+    thread.start()
+    thread.join()
+    assert out == {"gsm8k": 1.0, "math": 1.0}

@@ -87,8 +87,7 @@ def gsm8k_score(solution_str: str, ground_truth: str, rule: str = "math_verify")
 
     if rule == "last_number":
         return 1.0 if numbers_equal(last_number(solution_str), ground_truth) else 0.0
-    from math_verify import parse, verify
+    from tba_ext.tasks.numbers import math_verify_equal
 
-    gold = parse(str(ground_truth))
-    answer = parse(solution_str.split("####")[-1] if "####" in solution_str else solution_str)
-    return 1.0 if gold and answer and verify(gold, answer) else 0.0
+    answer = solution_str.split("####")[-1] if "####" in solution_str else solution_str
+    return 1.0 if math_verify_equal(str(ground_truth), answer) else 0.0

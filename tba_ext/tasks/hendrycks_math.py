@@ -89,8 +89,6 @@ def load_rows(source: str, split: str, limit: int | None = None) -> list[dict]:
 
 def math_score(solution_str: str, ground_truth: str) -> float:
     """1.0 if math-verify finds the response's final (boxed) answer equal to the gold answer."""
-    from math_verify import parse, verify
+    from tba_ext.tasks.numbers import math_verify_equal
 
-    gold = parse(f"\\boxed{{{ground_truth}}}")
-    answer = parse(solution_str)
-    return 1.0 if gold and answer and verify(gold, answer) else 0.0
+    return 1.0 if math_verify_equal(f"\\boxed{{{ground_truth}}}", solution_str) else 0.0
