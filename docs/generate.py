@@ -90,10 +90,11 @@ def configs_table() -> str:
         path = os.path.join(GPU_CONFIG_DIR if gpu else CONFIG_DIR, f"{name}.yaml")
         with open(path) as f:
             head = []
-            for line in f:
-                if not line.startswith("#"):
+            for line in f:  # the header comment's first paragraph, up to an indented list or a blank line
+                text = line[1:] if line.startswith("#") else None
+                if text is None or not text.strip() or text.startswith("   ") or len(head) == 3:
                     break
-                head.append(line.lstrip("#").strip())
+                head.append(text.strip())
         rows.append(f"| `{name}` | {'GPU' if gpu else 'CPU'} | {' '.join(head).replace('|', '/')} |")
     return "\n".join(rows) + "\n"
 
@@ -195,15 +196,18 @@ def async_speedup(doc: dict) -> str:
             f"{r['updates_measured']} measured updates of {r['prompts_per_update']} prompts, k = "
             f"{r['updates_per_sync']}, {r['repeats']} repeats, `{r['model']}` model): generation "
             f"{r['generation_share']:.2f} of sync's wall; ideal overlap {r['ideal_overlap']:.2f}x; CPU-bound ceiling "
-            f"{r['cpu_bound_ceiling']:.2f}x on {r['cores']} cores. {provenance_line(r)}\n"
+            f"{r['cpu_bound_ceiling']:.2f}x on {r['cores']} cores (the searchers share the trainer's cores, so at most "
+            f"{r['cpu_bound_ceiling'] / r['ideal_overlap']:.2f} of the ideal overlap is reachable here). "
+            f"{provenance_line(r)}\n"
         )
         out.append(
-            "| run | wall s | vs sync | fraction of ideal | trainer idle | searcher idle | weight sync share | "
-            "cores busy | CPU s / update | response tokens |"
+            "| run | wall s | vs sync (per repeat) | fraction of ideal | trainer idle | searcher idle "
+            "| weight sync share | cores busy | CPU s / update | response tokens |"
         )
         out.append("|---|---|---|---|---|---|---|---|---|---|")
         for name, c in r["configurations"].items():
-            speed = f"{c['speedup_vs_sync']:.2f}x" if "speedup_vs_sync" in c else "1.00x"
+            per_repeat = ", ".join(f"{x:.2f}" for x in c.get("speedup_vs_sync_per_repeat", []))
+            speed = f"{c['speedup_vs_sync']:.2f}x ({per_repeat})" if "speedup_vs_sync" in c else "1.00x"
             frac = f"{c['fraction_of_ideal_overlap']:.2f}" if "fraction_of_ideal_overlap" in c else ""
             idle = spread(c["searcher_idle_ratio"]) if "searcher_idle_ratio" in c else ""
             length = f"{c['response_length_mean']['median']:.1f}" if "response_length_mean" in c else ""
@@ -309,7 +313,8 @@ def results_page() -> str:
             continue
         how = doc.get("how") if isinstance(doc.get("how"), str) and render is not e2e_margins else None
         parts.append(f"## {title}\n")
-        parts.append(f"`benchmarks/results/{stem}.json`, made by `{script}`. {provenance_line(doc)}\n")
+        made = "each regime says where it was made" if "regimes" in doc else provenance_line(doc)
+        parts.append(f"`benchmarks/results/{stem}.json`, made by `{script}`; {made}\n")
         if how:
             parts.append(how + "\n")
         parts.append(render(doc))

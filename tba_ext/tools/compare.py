@@ -10,6 +10,7 @@ accuracy of the exported model; the summary is mean, sd and a 95 % t-interval of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -216,7 +217,7 @@ def compare(
                     flush=True,
                 )
     payload = {
-        "recipe": {k: v for k, v in p.items()},
+        "recipe": {k: v for k, v in dataclasses.asdict(p).items() if k != "method"},  # each method ran
         "steps": steps,
         "seeds": list(seeds),
         "staleness": list(staleness),
