@@ -155,10 +155,10 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
     assert max(series(both, "training/off_policy/trajectory_staleness/max")) > 0  # verl's own view agrees
     # reference log-probs kept in the store are of the reference they were computed with: none is served at the
     # step after a reset (steps 3 and 5, across the resumes: the store's reference version is checkpointed), and
-    # the zero KL above holds; replayed rows between resets are served theirs
+    # the zero KL above holds. (Whether a step between resets draws a replay of a current-version row depends on
+    # the sampler's draws, so that is checked where it is certain: tba_sync with ref_cache_check, below.)
     cached = {r["step"]: r["data"]["tba/ref_cached_frac"] for r in both}
     assert cached[1] == cached[3] == cached[5] == 0.0
-    assert max(cached.get(step, 0.0) for step in (2, 4, 6)) > 0  # step 2 may end with the kill, unlogged
 
 
 BAD_REWARDS = {
