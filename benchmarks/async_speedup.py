@@ -40,20 +40,14 @@ import time
 import psutil
 from common import DAEMON_KINDS, parse_args, prepare_run, process_kind, provenance, same_process_kind
 
+from tba_ext.adapters.decoupled import TBATrainerSeparateAsync
 from tba_ext.tools import report
 from tba_ext.tools.launch import run_verl
 from tba_ext.tools.processes import children, cmdline, session_pids
 
+SYNC_PHASES = TBATrainerSeparateAsync.SYNC_PHASES  # verl's weight-sync stages the trainer times
 # regime -> (task, max_response_length)
 REGIMES = {"short": ("arith", 8), "generation_bound": ("arith_worked", 64)}
-
-SYNC_PHASES = (
-    "abort_replicas",
-    "release_kv_cache_replicas",
-    "build_process_group",
-    "resume_kv_cache_replicas",
-    "resume_generation_replicas",
-)
 
 
 def extra_args(parser):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import io
 import json
@@ -114,7 +115,8 @@ def cli_reference() -> str:
 # ---- results
 
 
-def load_results() -> dict[str, dict]:
+@functools.cache
+def load_results() -> dict[str, dict]:  # read once: the results page and the compare block both use it
     return {p.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
 
 
