@@ -10,6 +10,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def one_os_environ():
+    """Every test ends with the ``os.environ`` object it started with.
+
+    datasets' ``Dataset.map(num_proc>=1)`` rebinds ``os.environ`` to a deep copy (datasets 5.2,
+    arrow_dataset.py:3540 and :3624); verl's RLHFDataset filters that way. monkeypatch then undoes its setenv
+    on the original object while the copy keeps the value for every later test and subprocess: a GPU-view
+    test's ``TBA_EXT_CPU_RUNTIME=off`` switched the e2e runs after it to the CUDA platform."""
+    environ = os.environ
+    yield
+    os.environ = environ  # noqa: B003 (putting the original object back is the point)
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A tiny offline model, the arith data and a short supervised warm start: shared by the tests."""
