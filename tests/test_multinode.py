@@ -220,3 +220,69 @@ def test_decoupled_tba_on_a_two_node_cluster_trainer_and_searcher_on_different_n
     left = [p for p in seen if alive(p)]
     assert not left, titles(left)
     shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def wait_for_node(gcs_address, env, node, tmp_path):
+    deadline = time.time() + 120
+    while (
+        "1.0 GPU"
+        not in subprocess.run(
+            [os.path.join(os.path.dirname(sys.executable), "ray"), "status", f"--address={gcs_address}"],
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+    ):
+        assert time.time() < deadline and node.poll() is None, (tmp_path / "node_head.log").read_text()[-2000:]
+        time.sleep(2)
+
+
+def test_the_cpu_runtime_is_the_clusters_choice_not_one_nodes(tmp_path):
+    """On this GPU-less host, a cluster whose only node declares logical GPU slots (as the CPU configs do) runs the
+    CPU runtime; the same host in a cluster with a GPU node (a fake GPU model resource, as Ray adds for a detected
+    GPU) does not, in the launcher's choice and in the cluster's worker processes alike."""
+    from tba_ext.cpu.runtime import OVERRIDE_ENV
+    from tba_ext.tools.launch import joined_cluster_runtime
+
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
+    env.pop("RAY_ADDRESS", None)
+    env.pop(OVERRIDE_ENV, None)
+    seen = {}
+    for fake_gpu in (False, True):
+        gcs_address = f"{ray.util.get_node_ip_address()}:{free_port()}"
+        ray_tmp = tempfile.mkdtemp(prefix="tba_pc_", dir="/tmp")
+        resources = '{"accelerator_type:H100": 1}' if fake_gpu else None
+        head = start_node(
+            env, tmp_path, ray_tmp, gcs_address, head=True, worker_ports=WORKER_PORTS_BASE, resources=resources
+        )
+        procs = set()
+        try:
+            wait_for_node(gcs_address, env, head, tmp_path)
+            cfg = {"ray_kwargs": {"ray_init": {"address": gcs_address}}}
+            launcher = joined_cluster_runtime(cfg)
+            ray.init(address=gcs_address, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}}, log_to_driver=False)
+            try:
+
+                @ray.remote(num_cpus=1)
+                def in_a_worker():
+                    import os
+
+                    from tba_ext.cpu.runtime import cpu_runtime_active
+
+                    return os.environ.get("TBA_EXT_CPU_RUNTIME"), cpu_runtime_active()
+
+                override, worker = ray.get(in_a_worker.remote(), timeout=120)
+            finally:
+                ray.shutdown()
+            assert override is None  # the worker decided by itself, from the cluster
+            seen[fake_gpu] = (launcher, worker)
+            procs.update(tree(head))
+        finally:
+            head.send_signal(signal.SIGTERM)
+            try:
+                head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                head.kill()
+            stop_leftovers(list(procs), grace=10)
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert seen == {False: ("on", True), True: ("off", False)}, seen

@@ -1,7 +1,9 @@
 """Decides whether the CPU runtime is active, and applies the fixes verl 0.9.1 needs on CPU.
 
-Override with ``TBA_EXT_CPU_RUNTIME=on|off|auto`` (default auto: on exactly when torch sees no CUDA device
-and no ``nvidia-smi`` is present). Each fix names the verl limitation it works around.
+Override with ``TBA_EXT_CPU_RUNTIME=on|off|auto``. Auto: off where torch sees a CUDA device or ``nvidia-smi`` is
+present; inside a Ray cluster (a process of a running job, or the launcher joining one), on only when no node of
+the cluster has a GPU, so a CPU-only head node of a GPU cluster never switches the run to the CPU platform; else
+(a local run before Ray starts) on. Each fix names the verl limitation it works around.
 """
 
 from __future__ import annotations
@@ -23,7 +25,39 @@ def cpu_runtime_active() -> bool:
         return False
     if mode != "auto":
         raise ValueError(f"{OVERRIDE_ENV} must be one of on/off/auto, got {mode!r}")
-    return not torch.cuda.is_available() and shutil.which("nvidia-smi") is None
+    if torch.cuda.is_available() or shutil.which("nvidia-smi") is not None:
+        return False
+    return not _ray_cluster_has_gpu()
+
+
+def cluster_has_gpu(nodes: list[dict]) -> bool:
+    """Whether any alive node of a Ray cluster (``ray.nodes()``) has a real GPU. Ray adds an
+    ``accelerator_type:<model>`` resource on nodes whose GPUs it detects; the logical GPU slots the CPU configs
+    declare (``num_gpus`` without a device) carry none, so they do not count."""
+    return any(
+        node.get("Alive", True) and any(key.startswith("accelerator_type:") for key in node.get("Resources", {}))
+        for node in nodes
+    )
+
+
+_CLUSTER_HAS_GPU: list[bool] = []  # asked once per connected process: a job's cluster does not change platform
+
+
+def _ray_cluster_has_gpu() -> bool:
+    """This process's Ray cluster has a GPU node (False before or outside Ray: a local run's cluster is this
+    machine, decided above)."""
+    import sys
+
+    if _CLUSTER_HAS_GPU:
+        return _CLUSTER_HAS_GPU[0]
+    if "ray" not in sys.modules:  # not a Ray process; importing ray here would only slow every CLI call
+        return False
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    _CLUSTER_HAS_GPU.append(cluster_has_gpu(ray.nodes()))
+    return _CLUSTER_HAS_GPU[0]
 
 
 def apply_cpu_fixes() -> list[str]:

@@ -3,6 +3,7 @@ starting its own, progress lines, a stall watchdog, and a stop that leaves no pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -35,6 +36,39 @@ def ray_overrides(cfg, ray_tmp: str, worker_env: dict[str, str]) -> list[str]:
         ]
         return dropped + env_vars
     return [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
+
+
+def joined_cluster_runtime(cfg) -> str | None:
+    """For a run joining a Ray cluster: ``off`` when any node of the cluster has a GPU, else ``on`` (the CPU
+    runtime), asked of the cluster rather than of this node, which may be a CPU-only head node of a GPU
+    cluster. None for a run that starts its own Ray (this machine is its cluster)."""
+    address = (cfg.get("ray_kwargs", {}).get("ray_init", {}) or {}).get("address") or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return None
+    import ray
+
+    from tba_ext.cpu.runtime import cluster_has_gpu
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        return "off" if cluster_has_gpu(ray.nodes()) else "on"
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """``os.environ`` with ``values`` set for the duration, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _quoted(value: str) -> str:
@@ -82,12 +116,17 @@ def run_verl(
     """
     if stall_timeout is None and os.environ.get("TBA_EXT_STALL_TIMEOUT"):
         stall_timeout = float(os.environ["TBA_EXT_STALL_TIMEOUT"])
-    from tba_ext.cpu.runtime import cpu_runtime_active
+    from tba_ext.cpu.runtime import OVERRIDE_ENV, cpu_runtime_active
 
     cfg = compose(config_name, overrides)
-    preflight(cfg)
+    extra_env = dict(extra_env or {})
+    if OVERRIDE_ENV not in os.environ and (runtime := joined_cluster_runtime(cfg)):
+        extra_env[OVERRIDE_ENV] = runtime  # the cluster's choice, for this process's checks and every worker
+    with _environ({k: v for k, v in extra_env.items() if k == OVERRIDE_ENV}):
+        preflight(cfg)
+        cpu_host = cpu_runtime_active()
     ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
-    env = launch_env(os.environ, cpu_host=cpu_runtime_active(), extra=extra_env)
+    env = launch_env(os.environ, cpu_host=cpu_host, extra=extra_env)
     logger = []
     if metrics_path:
         env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
