@@ -266,14 +266,15 @@ def cpu_overlap(doc: dict) -> str:
 
 # file name (without .json) -> (title, what made it, renderer)
 RENDERERS = {
-    "trainer_passes_searcher_ref": (
-        "Trainer cost per update, with the searcher's reference log-probs",
-        "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_fused tb_three_call drgrpo",
+    "trainer_passes": (
+        "Trainer cost per update, tb and tb_pg with the searcher's reference log-probs",
+        "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_pg_fused_searcher_ref tb_three_call "
+        "tb_pg_three_call drgrpo",
         trainer_passes,
     ),
-    "trainer_passes": (
-        "Trainer cost per update, tb and tb_pg (before the reference cache)",
-        "benchmarks/trainer_passes.py",
+    "trainer_passes_searcher_ref": (
+        "Trainer cost per update, tb: the searcher's reference log-probs against the trainer's reference pass",
+        "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_fused tb_three_call drgrpo",
         trainer_passes,
     ),
     "async_speedup": (
