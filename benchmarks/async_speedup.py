@@ -11,10 +11,12 @@ Two regimes, each written under ``regimes.<name>`` of one JSON (a run of one reg
 Every run trains the `small` model on the same data with the tb loss and the TBA replay sampler, k x ``--prompts``
 prompts per global step in k optimizer updates (k = ``--sync-every``, the decoupled runs' parameter_sync_step), for
 ``--steps`` global steps; the first step (warm-up, initial weight sync) is not measured, so 12 steps of k = 2
-measure 22 updates. With k = 2 verl's sync trainer computes the old and reference log-probs once for both updates
-where separate_async computes them per update; with k = 1 both make the same trainer calls per update, and the
-decoupled run syncs weights after every update:
-- sync: `cpu_tba` with trainer_mode=tba_sync (generation, then training, then weight sync, in turn);
+measure 22 updates. All train with the fused update (one actor call per update, no old-log-prob pass) and take the
+reference log-probs from the rollout, so the trainer's work per update is the same in every configuration; with
+k = 1 the decoupled runs sync weights after every update:
+- sync: `cpu_tba` with trainer_mode=tba_sync (generation, then training, then weight sync, in turn), the rollout
+  scoring each sample with its copy of the initial model as the decoupled runs' searchers do (the same work in
+  both: no reference pass on the trainer);
 - decoupled N: `cpu_tba_decoupled` with N searcher replicas running free (a queue of four updates' prompts,
   topped up before every update; the trainer trains on the store without waiting for fresh groups);
 - decoupled N paced (``--paced``): the same, with ``tba.searcher_prompts_per_consumed=1.0``: the searchers stay
@@ -38,7 +40,15 @@ import threading
 import time
 
 import psutil
-from common import DAEMON_KINDS, parse_args, prepare_run, process_kind, provenance, same_process_kind
+from common import (
+    DAEMON_KINDS,
+    SEARCHER_REFERENCE,
+    parse_args,
+    prepare_run,
+    process_kind,
+    provenance,
+    same_process_kind,
+)
 
 from tba_ext.adapters.decoupled import TBATrainerSeparateAsync
 from tba_ext.tools import report
@@ -66,7 +76,7 @@ def extra_args(parser):
 
 
 def configurations(searchers, paced, prompts, sync_every):
-    yield "sync", "cpu_tba", ["trainer.v1.trainer_mode=tba_sync"]
+    yield "sync", "cpu_tba", ["trainer.v1.trainer_mode=tba_sync", SEARCHER_REFERENCE]
     for n in sorted(set(searchers) | set(paced)):
         replicas = [
             f"actor_rollout_ref.rollout.n_gpus_per_node={n}",

@@ -38,6 +38,9 @@ def prepare_run(run_dir: str, train_size: int, size: str = "tiny", warm_steps: i
     return run
 
 
+# the rollout scores each sample with its copy of the initial model (TBA's searcher): no reference pass on the trainer
+SEARCHER_REFERENCE = "+actor_rollout_ref.rollout.custom.reference_logprobs=true"
+
 GENERIC_KINDS = ("ray worker", "IDLE")  # a Ray worker before it runs an actor or task, or between tasks
 # Ray's daemons and the run's driver / launcher, by what their command lines name
 DAEMON_KINDS = ("raylet", "gcs_server", "dashboard", "log_monitor", "runtime_env", "main_ppo", "tba_ext.cli")

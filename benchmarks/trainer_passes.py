@@ -21,13 +21,12 @@ repeats of each run's median step, with the min-max spread; ratios of medians fr
 import os
 import statistics
 
-from common import parse_args, prepare_run, provenance
+from common import SEARCHER_REFERENCE, parse_args, prepare_run, provenance
 
 from tba_ext.tools import report
 from tba_ext.tools.launch import run_verl
 
 STAGES = ("old_log_prob", "ref", "adv", "update_actor")
-SEARCHER_REFERENCE = "+actor_rollout_ref.rollout.custom.reference_logprobs=true"
 CONFIGS = {
     "tb_fused_searcher_ref": ("cpu_tb", [SEARCHER_REFERENCE]),
     "tb_pg_fused_searcher_ref": ("cpu_tb_pg", [SEARCHER_REFERENCE]),
