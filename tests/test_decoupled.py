@@ -14,15 +14,13 @@ import time
 import pytest
 
 from tba_ext.tools.processes import children, cmdline, session_pids
+from tba_ext.tools.report import read_metrics
 
 pytestmark = pytest.mark.e2e
 
 
 def steps_logged(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_metrics(path) if os.path.exists(path) else []
 
 
 def start_train(config, run_dir, tmp_path, *overrides, env=None):

@@ -14,12 +14,9 @@ import pytest
 from tba_ext.adapters.reference import REFERENCE_DIR
 from tba_ext.adapters.trainer import REPLAY_FILE
 from tba_ext.tools.launch import run_verl
+from tba_ext.tools.report import read_metrics
 
 pytestmark = pytest.mark.e2e
-
-
-def read_metrics(path):
-    return [json.loads(line) for line in open(path)]
 
 
 def series(records, key):

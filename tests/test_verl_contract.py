@@ -10,6 +10,8 @@ import os
 
 import pytest
 import verl
+from verl.single_controller.base import decorator as dispatch
+from verl.single_controller.base.worker import Worker
 from verl.trainer.ppo.v1 import trainer_base, trainer_colocate_async, trainer_separate_async
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.workers import engine_workers
@@ -55,6 +57,7 @@ METHODS = [
     (engine_workers.ActorRolloutRefWorker, "compute_ref_log_prob", ["self", "data"]),
     (engine_workers.ActorRolloutRefWorker, "update_actor", ["self", "data"]),
     (verl_losses, "ppo_loss", ["config", "model_output", "data", "dp_group"]),
+    (Worker, "_query_dispatch_info", ["self", "mesh_name"]),
 ]
 
 
@@ -83,6 +86,13 @@ def test_the_fused_update_relies_on_verls_micro_batching_and_loss_plumbing():
     ppo_loss = inspect.getsource(verl_losses.ppo_loss)
     for key in ("dp_size", "batch_num_tokens", "global_batch_size"):
         assert f'config.global_batch_info["{key}"] = data["{key}"]' in ppo_loss, key
+
+
+def test_the_data_parallel_size_is_read_as_verls_dispatch_computes_it():
+    # reference.data_parallel_size fills and reads the worker group's dispatch cache as verl's dispatch does
+    source = inspect.getsource(dispatch.dispatch_lazy_compute_data_proto)
+    assert "worker_group._dispatch_info[mesh_name] = worker_group._query_dispatch_info(mesh_name)" in source
+    assert "dp_size = max(dp_rank_mapping) + 1" in source
 
 
 def test_verl_builds_the_tokenizer_before_the_datasets_and_the_workers_before_loading_a_checkpoint():

@@ -31,6 +31,14 @@ logger = logging.getLogger(__name__)
 REFERENCE_DIR = "tba_reference"  # the reference's shards, one file per rank, once a reset or the EMA moved it
 
 
+def data_parallel_size(wg, role: str) -> int:
+    """How many data-parallel shards verl's dispatch splits ``role``'s calls on worker group ``wg`` into (its
+    dispatch info maps each rank to its data-parallel rank; verl queries it once and keeps it)."""
+    if role not in wg._dispatch_info:
+        wg._dispatch_info[role] = wg._query_dispatch_info(role)
+    return max(wg._dispatch_info[role]) + 1
+
+
 def _local_tensors(module) -> dict:
     """This rank's part of every parameter and buffer (an FSDP2 DTensor's local shard), sharing storage."""
     return {
@@ -173,11 +181,9 @@ class ReferenceMixin:
         }
 
     def _reference_dp_size(self) -> int:
-        wg = self.actor_rollout_wg if self.ref_in_actor else self.ref_policy_wg
-        role = "actor" if self.ref_in_actor else "ref"
-        if role not in wg._dispatch_info:
-            wg._dispatch_info[role] = wg._query_dispatch_info(role)
-        return max(wg._dispatch_info[role]) + 1
+        if self.ref_in_actor:
+            return data_parallel_size(self.actor_rollout_wg, "actor")
+        return data_parallel_size(self.ref_policy_wg, "ref")
 
     def _reference_moved(self, global_steps: int) -> bool:
         """Whether a reference update has run by the end of ``global_steps``: the reference is no longer the

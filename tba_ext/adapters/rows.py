@@ -55,15 +55,16 @@ def pop_searcher_reference(row: dict) -> np.ndarray | None:
     if values is None:
         return None
     values = np.asarray(values, dtype=np.float32)
-    if values.shape != _np(row["responses"]).shape:
+    if values.shape != as_numpy(row["responses"]).shape:
         raise ValueError(
             f"{SEARCHER_REFERENCE}: {values.shape[0]} log-probs for a response of "
-            f"{_np(row['responses']).shape[0]} tokens"
+            f"{as_numpy(row['responses']).shape[0]} tokens"
         )
     return values
 
 
-def _np(value) -> np.ndarray:
+def as_numpy(value) -> np.ndarray:
+    """A row field (a tensor, or what TransferQueue returns for it) as a numpy array."""
     return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
@@ -81,19 +82,19 @@ def _unpack(value):
 def split_row(row: dict, tag: dict) -> tuple[bytes, np.ndarray, np.ndarray | None, float, bytes]:
     """A verl row and its tag -> (packed prompt fields, response int32, rollout log-probs float32 or None,
     reward, packed per-sample extras)."""
-    prompts, responses = _np(row["prompts"]), _np(row["responses"])
+    prompts, responses = as_numpy(row["prompts"]), as_numpy(row["responses"])
     if responses.size and (responses.max() >= 2**31 or responses.min() < 0):
         raise ValueError("response token ids do not fit int32")
-    rm_scores = _np(row["rm_scores"]).astype(np.float32)
+    rm_scores = as_numpy(row["rm_scores"]).astype(np.float32)
     reward = float(rm_scores.sum(dtype=np.float64))
-    mask = _np(row["response_mask"])
+    mask = as_numpy(row["response_mask"])
     length = prompts.size + responses.size
     standard = {
-        "input_ids": lambda v: np.array_equal(_np(v), np.concatenate([prompts, responses])),
-        "position_ids": lambda v: np.array_equal(_np(v), np.arange(length)),
-        "attention_mask": lambda v: bool((_np(v) == 1).all()),
-        "loss_mask": lambda v: np.array_equal(_np(v), mask),
-        "response_mask": lambda v: bool((_np(v) == 1).all()),
+        "input_ids": lambda v: np.array_equal(as_numpy(v), np.concatenate([prompts, responses])),
+        "position_ids": lambda v: np.array_equal(as_numpy(v), np.arange(length)),
+        "attention_mask": lambda v: bool((as_numpy(v) == 1).all()),
+        "loss_mask": lambda v: np.array_equal(as_numpy(v), mask),
+        "response_mask": lambda v: bool((as_numpy(v) == 1).all()),
         "rm_scores": lambda v: responses.size > 0 and not rm_scores[:-1].any() and rm_scores[-1] == np.float32(reward),
     }
     prompt_fields, extras, derived = {"prompts": prompts.astype(np.int32)}, {}, []
@@ -110,7 +111,7 @@ def split_row(row: dict, tag: dict) -> tuple[bytes, np.ndarray, np.ndarray | Non
     tags = {k: v for k, v in tag.items() if k not in _DERIVED_TAGS or tag.get("status") != "success"}
     extras["__tag__"] = tags
     logprobs = row.get("rollout_log_probs")
-    logprobs = None if logprobs is None else _np(logprobs).astype(np.float32)
+    logprobs = None if logprobs is None else as_numpy(logprobs).astype(np.float32)
     return (_dumps(prompt_fields), responses.astype(np.int32), logprobs, reward, _dumps(extras))
 
 

@@ -40,7 +40,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.utils.transferqueue_utils import KVBatchMeta
 
-from tba_ext.adapters.rows import build_row, load_prompt, pop_searcher_reference, split_row
+from tba_ext.adapters.rows import as_numpy, build_row, load_prompt, pop_searcher_reference, split_row
 from tba_ext.core.replay import (
     ReferenceLogProbs,
     ReplaySampler,
@@ -74,11 +74,6 @@ def row_dicts(td) -> list[dict]:
 def prompt_identity(row: dict) -> str:
     """Stable identity of a prompt across generations (verl's uid is new each time a prompt is drawn)."""
     return hashlib.sha1(np.asarray(row["prompts"], dtype=np.int64).tobytes()).hexdigest()[:16]
-
-
-def _response_mask(row: dict) -> np.ndarray:
-    mask = row["response_mask"]
-    return mask.numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
 
 
 class ReplayWaitTimeoutError(RuntimeError):
@@ -141,7 +136,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             prompts.add(prompt_key)
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras)
             if searcher_reference is not None:  # the searchers' reference is the initial one: version 0
-                traj.reference = ReferenceLogProbs(searcher_reference, _response_mask(row), version=0)
+                traj.reference = ReferenceLogProbs(searcher_reference, as_numpy(row["response_mask"]), version=0)
             self.store.admit(traj, prompt_payload=prompt_fields)
         self.largest_group = max(self.largest_group, max(sizes.values()))
         self._check_nonfinite()

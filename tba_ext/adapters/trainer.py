@@ -35,7 +35,7 @@ from tba_ext.adapters import fused, losses
 from tba_ext.adapters.checks import check_tba_run, fused_update_plan
 from tba_ext.adapters.llm_client import ReferenceKeepingClient
 from tba_ext.adapters.lr_schedule import install_lr_schedule
-from tba_ext.adapters.reference import ReferenceMixin
+from tba_ext.adapters.reference import ReferenceMixin, data_parallel_size
 from tba_ext.adapters.trainer_metrics import TrainerMetricsMixin
 from tba_ext.core import tb
 from tba_ext.core.steps import scheduler_updates_per_call, step_folder, updates_per_step
@@ -126,10 +126,7 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         and every mini-batch and micro-batch in it, holds all rollout.n members of its groups)."""
         if not self.fused:
             return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
-        wg = self.actor_rollout_wg
-        if "actor" not in wg._dispatch_info:
-            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
-        dp_size = max(wg._dispatch_info["actor"]) + 1
+        dp_size = data_parallel_size(self.actor_rollout_wg, "actor")
         uids = _as_list(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid"])["uid"])
         members: dict = {}
         for row, (uid, tag) in enumerate(zip(uids, batch.tags)):
