@@ -12,8 +12,8 @@ Every run trains the `small` model on the same data with the tb loss and the TBA
 prompts per global step in k optimizer updates (k = ``--sync-every``, the decoupled runs' parameter_sync_step), for
 ``--steps`` global steps; the first step (warm-up, initial weight sync) is not measured, so 12 steps of k = 2
 measure 22 updates. All train with the fused update (one actor call per update, no old-log-prob pass) and take the
-reference log-probs from the rollout, so the trainer's work per update is the same in every configuration; with
-k = 1 the decoupled runs sync weights after every update:
+reference log-probs from the rollout, so the trainer's work per update is the same in every configuration (with
+k = 1 the decoupled runs sync weights after every update). The configurations:
 - sync: `cpu_tba` with trainer_mode=tba_sync (generation, then training, then weight sync, in turn), the rollout
   scoring each sample with its copy of the initial model as the decoupled runs' searchers do (the same work in
   both: no reference pass on the trainer);
