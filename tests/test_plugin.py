@@ -61,6 +61,31 @@ def test_doctor_fails_when_the_plugin_did_not_load():
     assert "MISSING" in result.stdout and "NOT fully registered" in result.stdout
 
 
+# the modules whose verl import, done first in a process, runs verl's plugin loading: the plugin then imports them
+# back while they are half-initialized
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tba_ext.adapters.losses",
+        "tba_ext.adapters.trainer",
+        "tba_ext.adapters.decoupled",
+        "tba_ext.cpu.ray_checkpoint_engine",
+    ],
+)
+def test_importing_a_tba_ext_module_before_verl_still_registers_everything(module):
+    code = (
+        f"import {module}\n"
+        "from tba_ext import verl_plugin\n"
+        "from tba_ext.tools.doctor import expected_registrations, registered_in_verl\n"
+        "present = registered_in_verl()\n"
+        "missing = {k: sorted(set(v) - set(present[k])) for k, v in expected_registrations().items()}\n"
+        "assert verl_plugin.LOAD_ERROR is None and not any(missing.values()), missing\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "failed to register" not in result.stderr, result.stderr[-3000:]
+
+
 def test_cpu_runtime_override(monkeypatch):
     from tba_ext.cpu.runtime import cpu_runtime_active
 

@@ -9,6 +9,11 @@ actor; every rollout worker fetches that reference. Selected with
 
 from __future__ import annotations
 
+# ruff: noqa: E402
+# Defined before the imports: imported before verl, this module reaches verl's plugin loading (which reads BACKEND
+# from it) from its own verl import below.
+BACKEND = "ray_object_store"
+
 import asyncio
 import contextlib
 import time
@@ -19,7 +24,6 @@ import ray
 import torch
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 
-BACKEND = "ray_object_store"
 MAILBOX = "tba_ext_weight_mailbox"
 
 
