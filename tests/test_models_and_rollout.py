@@ -117,6 +117,23 @@ def test_a_requests_sample_depends_on_its_seed_not_on_its_batch(tiny_run):
     )
 
 
+def test_seeded_sampling_never_picks_a_masked_token_and_follows_the_distribution():
+    """The inverse-CDF draw at its edges: u = 0 and u just below 1 land on tokens of positive probability when
+    top-k/top-p masking zeroes the first and last tokens, and many draws follow the softmax (chi-square, 3 sd)."""
+    from tba_ext.cpu.hf_rollout import _SeededSampling
+
+    scores = torch.tensor([[float("-inf"), 0.0, 1.0, float("-inf"), 2.0, float("-inf")]])
+    edges = _SeededSampling(torch.tensor([[0.0], [1.0 - 2**-24]]))(None, scores.expand(2, -1).clone())
+    assert edges.argmax(-1).tolist() == [1, 4]
+    n = 20000
+    picks = _SeededSampling(torch.rand(n, 1, generator=torch.Generator().manual_seed(0)))(None, scores.expand(n, -1))
+    counts = torch.bincount(picks.argmax(-1), minlength=6).float()
+    expected = n * torch.softmax(scores[0], -1)
+    assert counts[[0, 3, 5]].sum() == 0
+    kept = [1, 2, 4]
+    assert (((counts[kept] - expected[kept]) / expected[kept].sqrt()).abs() < 3).all(), (counts, expected)
+
+
 def test_a_searcher_scores_its_samples_with_the_initial_model_after_its_weights_moved(tiny_run):
     """reference=True: every sampled response comes with the initial model's log-probs at the sampling
     temperature (TBA's searcher), from a copy the trainer's weight updates never touch."""

@@ -4,7 +4,8 @@ verl 0.9.1 registers only vLLM, SGLang and TensorRT-LLM rollout backends, all GP
 gives the agent loop what vLLM gives it: token ids, sampled-token log-probs at the rollout temperature
 (log_softmax(logits / T), vLLM's "processed" log-probs), a stop reason and the weight version
 (``global_steps``), and it takes weight updates from the trainer. Concurrent requests are batched: the
-server collects every request that arrives while a batch is generating and runs them together.
+server collects every request that arrives while a batch is generating, and those of one dispatch still
+arriving, and runs them together.
 """
 
 from __future__ import annotations
@@ -70,17 +71,24 @@ def request_seed(server_seed: int, prompt_ids: list[int], occurrence: int) -> in
 
 
 class _SeededSampling(LogitsProcessor):
-    """Draws each row's next token with that request's own generator, then hands HF a one-hot score so its
-    multinomial keeps exactly that token. A request's sample then depends on its seed only, never on which
-    other requests share its batch (vLLM's per-request seed): with one replica, the same prompts give the same
-    rollouts however the trainer is laid out (the data-parallel equivalence test relies on it)."""
+    """Draws each row's next token from that request's own uniforms (inverse CDF: the first token whose cumulative
+    probability exceeds u), then hands HF a one-hot score so its multinomial keeps exactly that token. A request's
+    sample then depends on its seed only, never on which other requests share its batch (vLLM's per-request seed):
+    with one replica, the same prompts give the same rollouts however the trainer is laid out (the data-parallel
+    equivalence test relies on it). The uniforms are drawn once per request, so a step costs a few batched tensor
+    operations rather than one generator call per row."""
 
-    def __init__(self, generators: list[torch.Generator]):
-        self.generators = generators
+    def __init__(self, uniforms: torch.Tensor):
+        self.uniforms = uniforms  # (batch, max_new_tokens), one row per request
+        self.step = 0
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(scores.float(), dim=-1)
-        picks = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        cdf = torch.softmax(scores.float(), dim=-1).cumsum(dim=-1)
+        # scaled by the row's total so float rounding can never point past the last token of positive probability
+        # and kept above zero so a leading run of zero-probability tokens (cdf exactly 0) is never picked
+        u = (self.uniforms[:, self.step : self.step + 1] * cdf[:, -1:]).clamp_(min=torch.finfo(cdf.dtype).tiny)
+        self.step += 1
+        picks = (cdf < u).sum(dim=-1).clamp_(max=scores.shape[-1] - 1)
         return torch.full_like(scores, float("-inf")).scatter_(1, picks.unsqueeze(1), 0.0)
 
 
@@ -107,7 +115,11 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
             warpers.append(TopKLogitsWarper(requests[0].top_k))
         if requests[0].top_p < 1.0:
             warpers.append(TopPLogitsWarper(requests[0].top_p))
-        sampler = _SeededSampling([torch.Generator().manual_seed(r.seed) for r in requests])
+        # each request's own max_tokens uniforms (a prefix of a longer draw need not equal a shorter draw)
+        uniforms = torch.zeros(len(requests), max(r.max_tokens for r in requests))
+        for i, r in enumerate(requests):
+            uniforms[i, : r.max_tokens] = torch.rand(r.max_tokens, generator=torch.Generator().manual_seed(r.seed))
+        sampler = _SeededSampling(uniforms)
         kwargs.update(temperature=1.0, top_p=1.0, top_k=0, logits_processor=LogitsProcessorList([*warpers, sampler]))
     with torch.no_grad():
         out = model.generate(
@@ -192,6 +204,7 @@ class HFCPUServer:
         self.weight_loads = 0
         self.staged: tuple[dict, int | None] | None = None  # received, applied before the next batch
         self.pending: list[_Request] = []
+        self.last_arrival = 0.0  # event-loop time of the newest request
         self.wakeup = asyncio.Event()
         self.model_lock = asyncio.Lock()
         self.busy_seconds = 0.0
@@ -225,12 +238,30 @@ class HFCPUServer:
         if self.loop_task is None:
             self.loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
 
+    # A batch starts once no request has arrived for JOIN_QUIET_S, or JOIN_MAX_S after it could start. verl's agent
+    # loop issues one dispatch's requests over about half a second on a busy CPU (a TransferQueue put, the chat
+    # template and a load-balancer call per request; gaps up to ~0.15 s measured on 2 cores); a batch started at the
+    # first arrival generates a handful of them, the rest wait and pay a second full-length generation, and a
+    # generation step costs nearly as much for 4 rows as for 64 on CPU.
+    JOIN_QUIET_S = 0.1
+    JOIN_MAX_S = 0.5
+
+    async def _gather(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.JOIN_MAX_S
+        while len(self.pending) < self.max_batch:
+            quiet_until = self.last_arrival + self.JOIN_QUIET_S
+            now = loop.time()
+            if now >= quiet_until or now >= deadline:
+                return
+            await asyncio.sleep(min(quiet_until, deadline) - now)
+
     async def _batch_loop(self):
         while True:
             await self.wakeup.wait()
-            await asyncio.sleep(0.01)  # let concurrently issued requests join this batch
             self.wakeup.clear()
             while self.pending:
+                await self._gather()
                 key = self.pending[0].sampling_key
                 batch = [r for r in self.pending if r.sampling_key == key][: self.max_batch]
                 self.pending = [r for r in self.pending if not any(r is b for b in batch)]
@@ -280,6 +311,7 @@ class HFCPUServer:
             future=asyncio.get_running_loop().create_future(),
         )
         self.pending.append(request)
+        self.last_arrival = asyncio.get_running_loop().time()
         self.wakeup.set()
         res, version = await request.future
         extra = {"global_steps": version, "finish_reason": res["stop"]}
