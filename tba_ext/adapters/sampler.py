@@ -123,6 +123,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         sizes = defaultdict(int)
         prompts = set()
         before = self.store.stats.rejected_nonfinite
+        arrived = []
         for key, tag, row in zip(keys, tags, rows):
             sizes[key.split("_")[0]] += 1
             version = tag.get("min_global_steps")
@@ -137,6 +138,12 @@ class TBAReplaySampler(ReplayBufferAsync):
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras)
             if searcher_reference is not None:  # the searchers' reference is the initial one: version 0
                 traj.reference = ReferenceLogProbs(searcher_reference, as_numpy(row["response_mask"]), version=0)
+            arrived.append((traj, prompt_fields))
+        # admitted in an order given by their content (prompt, then response tokens), not by when each row
+        # finished: the store's order decides which trajectory a draw of K from a smaller pool repeats, so the
+        # same samples give the same batches however the searchers' timing fell (rows of one ingest were
+        # generated together; their order carries no age)
+        for traj, prompt_fields in sorted(arrived, key=lambda a: (a[0].prompt_key, a[0].digest)):
             self.store.admit(traj, prompt_payload=prompt_fields)
         self.largest_group = max(self.largest_group, max(sizes.values()))
         self._check_nonfinite()
