@@ -42,6 +42,7 @@ import time
 import psutil
 from common import (
     DAEMON_KINDS,
+    GENERIC_KINDS,
     SEARCHER_REFERENCE,
     parse_args,
     prepare_run,
@@ -135,14 +136,19 @@ class CoreUse:
     a line. On an idle machine this is the run's own CPU use, every process of it. If sync already keeps c of the
     n cores busy, running generation beside training can at best make it n / c times faster.
 
-    Where the CPU goes: at each step's mark it also reads the CPU time of every process of the run (the session
-    the launcher starts verl's driver in) by role (trainer workers, searcher model, agent loop, ...;
-    ``process_role``) and how long the trainer workers' threads waited in the run queue for a core: time the
-    trainer's chain of calls lost to the other processes."""
+    Where the CPU goes: every ``process_period`` s and at each step's mark it also reads the CPU time of every
+    process of the run (the session the launcher starts verl's driver in) by role (trainer workers, searcher model,
+    agent loop, ...; ``process_role``) and how long the trainer workers' threads waited in the run queue for a core:
+    time the trainer's chain of calls lost to the other processes. A process that has exited keeps its last
+    reading: the first mark after the last step can come after the run began to stop its searchers (a sampling
+    period and a process scan on a loaded machine outlast a short run's teardown), and reading only live processes
+    there dropped the searchers from the breakdown."""
 
-    def __init__(self, metrics_path: str, period: float = 0.25):
-        self.path, self.period, self.marks = metrics_path, period, {}
+    def __init__(self, metrics_path: str, period: float = 0.25, process_period: float = 1.0):
+        self.path, self.period, self.process_period, self.marks = metrics_path, period, process_period, {}
         self.kinds: dict[int, str] = {}
+        self.last_cpu: dict[int, float] = {}  # pid -> CPU seconds at its latest reading, kept after it exits
+        self._next_process_read = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -152,20 +158,22 @@ class CoreUse:
             self._stop.wait(self.period)
 
     def _processes(self) -> tuple[dict[int, float], float]:
-        """{pid: CPU seconds} of the run's processes, and the trainer workers' run-queue wait."""
+        """{pid: CPU seconds} of the run's processes (live ones read now, exited ones at their last reading), and
+        the live trainer workers' run-queue wait."""
         drivers = [pid for pid in children(os.getpid()) if "main_ppo" in cmdline(pid)]
-        cpu, wait = {}, 0.0
+        wait = 0.0
         for pid in session_pids(drivers[0]) if drivers else []:
             try:
                 proc = psutil.Process(pid)
                 times = proc.cpu_times()
-                self.kinds[pid] = same_process_kind(process_kind(proc), self.kinds.get(pid))
+                if self.kinds.get(pid) in (None, *GENERIC_KINDS):  # a worker's first actor class is final
+                    self.kinds[pid] = same_process_kind(process_kind(proc), self.kinds.get(pid))
             except psutil.Error:
                 continue
-            cpu[pid] = times.user + times.system
+            self.last_cpu[pid] = times.user + times.system
             if process_role(self.kinds[pid]) == "trainer workers":
                 wait += runqueue_wait_s(pid)
-        return cpu, wait
+        return dict(self.last_cpu), wait
 
     def _sample_once(self):
         t, cpu = time.monotonic(), psutil.cpu_times()
@@ -177,6 +185,10 @@ class CoreUse:
             lines = 0
         if lines not in self.marks:  # first sample after step `lines` was written
             self.marks[lines] = (t, busy, *self._processes())
+            self._next_process_read = t + self.process_period
+        elif t >= self._next_process_read:
+            self._processes()
+            self._next_process_read = t + self.process_period
 
     def __enter__(self):
         self._thread.start()
@@ -194,7 +206,7 @@ class CoreUse:
 
     def by_role(self) -> tuple[dict[str, float], float]:
         """({role: CPU seconds}, trainer workers' run-queue wait in seconds) over the measured steps; a process
-        started after step 1 counts from zero, one gone before the last step is left out."""
+        started after step 1 counts from zero, one gone before the last mark counts up to its last reading."""
         (_, _, cpu0, wait0), (_, _, cpu1, wait1) = self.marks[1], self.marks[max(self.marks)]
         out: dict[str, float] = {}
         for pid, seconds in cpu1.items():
