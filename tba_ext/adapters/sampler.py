@@ -141,8 +141,8 @@ class TBAReplaySampler(ReplayBufferAsync):
             arrived.append((traj, prompt_fields))
         # admitted in an order given by their content (prompt, then response tokens), not by when each row
         # finished: the store's order decides which trajectory a draw of K from a smaller pool repeats, so the
-        # same samples give the same batches however the searchers' timing fell (rows of one ingest were
-        # generated together; their order carries no age)
+        # same samples give the same batches however the searchers' timing fell (the store still orders by
+        # version; within one ingest the finish order carries no age)
         for traj, prompt_fields in sorted(arrived, key=lambda a: (a[0].prompt_key, a[0].digest)):
             self.store.admit(traj, prompt_payload=prompt_fields)
         self.largest_group = max(self.largest_group, max(sizes.values()))
