@@ -183,12 +183,12 @@ class CoreUse:
                 lines = f.read().count(b"\n")
         except FileNotFoundError:
             lines = 0
-        if lines not in self.marks:  # first sample after step `lines` was written
-            self.marks[lines] = (t, busy, *self._processes())
+        new_mark = lines not in self.marks  # first sample after step `lines` was written
+        if new_mark or t >= self._next_process_read:
+            processes = self._processes()
             self._next_process_read = t + self.process_period
-        elif t >= self._next_process_read:
-            self._processes()
-            self._next_process_read = t + self.process_period
+            if new_mark:
+                self.marks[lines] = (t, busy, *processes)
 
     def __enter__(self):
         self._thread.start()
