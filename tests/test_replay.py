@@ -1,6 +1,7 @@
 """The replay store and sampler, framework-free: frequencies, dedup, eviction, staleness cap, persistence."""
 
 import math
+import random
 
 import numpy as np
 import pytest
@@ -151,6 +152,23 @@ def test_k_draws_without_replacement_unless_too_few():
                 counts[(g.prompt_key, key)] = counts.get((g.prompt_key, key), 0) + 1
     big = [counts[("big", (j,))] for j in range(6)]
     assert max(big) / min(big) < 1.3  # uniform within a prompt at inv_temp = 0
+
+
+def test_one_ingest_gives_the_same_store_and_draws_whatever_order_its_rows_came_in():
+    # a prompt with fewer distinct responses than K (one of them a duplicate, as searchers produce): which one
+    # the draw repeats follows the store's order, and that order must not come from the rows' finishing times
+    rows = [(Trajectory(f"p{p}", [p, j % 3], float(j % 2), 5), {"p": p}) for p in range(3) for j in range(4)]
+    rows += [(Trajectory("p0", [0, 1], 1.0, 5), {"p": 0})]
+    draws = set()
+    for perm_seed in range(6):
+        shuffled = list(rows)
+        random.Random(perm_seed).shuffle(shuffled)
+        store = TrajectoryStore(100, 10_000)
+        assert store.admit_batch(shuffled) == len(rows)
+        sampler = ReplaySampler(store, ReplaySettings(recency_prob=1.0, seed=3))
+        groups = sample(sampler, 3, 4, 5)
+        draws.add(tuple((g.prompt_key, tuple(tuple(t.response) for t in g.trajectories)) for g in groups))
+    assert len(draws) == 1
 
 
 def test_trajectory_keeps_tokens_logprobs_and_extras_exactly():

@@ -139,12 +139,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             if searcher_reference is not None:  # the searchers' reference is the initial one: version 0
                 traj.reference = ReferenceLogProbs(searcher_reference, as_numpy(row["response_mask"]), version=0)
             arrived.append((traj, prompt_fields))
-        # admitted in an order given by their content (prompt, then response tokens), not by when each row
-        # finished: the store's order decides which trajectory a draw of K from a smaller pool repeats, so the
-        # same samples give the same batches however the searchers' timing fell (the store still orders by
-        # version; within one ingest the finish order carries no age)
-        for traj, prompt_fields in sorted(arrived, key=lambda a: (a[0].prompt_key, a[0].digest)):
-            self.store.admit(traj, prompt_payload=prompt_fields)
+        self.store.admit_batch(arrived)  # in content order, so the searchers' timing cannot change a batch
         self.largest_group = max(self.largest_group, max(sizes.values()))
         self._check_nonfinite()
         return {

@@ -266,6 +266,15 @@ class TrajectoryStore:
         self._evict_over_capacity([entry])
         return True
 
+    def admit_batch(self, items) -> int:
+        """Admit one ingest's ``(trajectory, prompt_payload)`` pairs in content order (prompt key, then
+        response tokens), not in the order they came: the order decides which trajectory a draw of K from a
+        smaller pool repeats and when a new prompt joins the cycle, so the same rows give the same store
+        however the searchers' finishing times fell (within one ingest the finish order carries no age; the
+        store still orders by version). Returns how many were admitted."""
+        ordered = sorted(items, key=lambda item: (item[0].prompt_key, item[0].digest))
+        return sum(self.admit(traj, prompt_payload=payload) for traj, payload in ordered)
+
     def set_reference(self, traj: Trajectory, values, mask=None) -> None:
         """Keep ``traj``'s reference log-probs, computed with the current reference (``reference_version``)."""
         before = traj.nbytes

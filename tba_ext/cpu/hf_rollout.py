@@ -107,6 +107,7 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
         attention_mask[i, width - len(r.prompt_ids) :] = 1
     temperature = requests[0].temperature
     greedy = temperature <= 0
+    max_new_tokens = max(r.max_tokens for r in requests)
     kwargs: dict[str, Any] = dict(do_sample=not greedy)
     if not greedy:
         # HF puts its own warpers after custom processors, so the warpers are given here, before the sampler
@@ -116,7 +117,7 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
         if requests[0].top_p < 1.0:
             warpers.append(TopPLogitsWarper(requests[0].top_p))
         # each request's own max_tokens uniforms (a prefix of a longer draw need not equal a shorter draw)
-        uniforms = torch.zeros(len(requests), max(r.max_tokens for r in requests))
+        uniforms = torch.zeros(len(requests), max_new_tokens)
         for i, r in enumerate(requests):
             uniforms[i, : r.max_tokens] = torch.rand(r.max_tokens, generator=torch.Generator().manual_seed(r.seed))
         sampler = _SeededSampling(uniforms)
@@ -125,7 +126,7 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
         out = model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            max_new_tokens=max(r.max_tokens for r in requests),
+            max_new_tokens=max_new_tokens,
             pad_token_id=pad_token_id,
             eos_token_id=sorted(eos_token_ids),
             output_logits=True,
