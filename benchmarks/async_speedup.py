@@ -191,6 +191,8 @@ class CoreUse:
                 self.marks[lines] = (t, busy, *processes)
 
     def __enter__(self):
+        if os.path.exists(self.path):  # its lines would be taken for this run's steps
+            raise FileExistsError(f"{self.path} exists before the run; CoreUse needs a fresh metrics file")
         self._thread.start()
         return self
 
@@ -274,6 +276,8 @@ def main():
     for repeat in range(args.repeats):
         for name, config, extra in configurations(args.searchers, args.paced, args.prompts, k):
             metrics = f"{run}/{name}_r{repeat}.jsonl"
+            if os.path.exists(metrics):  # an earlier benchmark's file: CoreUse marks steps by its line count
+                os.remove(metrics)
             print(f"== {name}, repeat {repeat + 1}/{args.repeats}", flush=True)
             start = time.time()
             with CoreUse(metrics) as cores:
