@@ -6,7 +6,10 @@
 Two regimes, each written under ``regimes.<name>`` of one JSON (a run of one regime keeps the other's entry):
 - short: the arith task, answers of a few tokens (max_response_length 8): the trainer's share of the wall is large;
 - generation_bound: the arith_worked task, a worked answer of about 50 tokens (max_response_length 64) that ends
-  in the number, so generation is most of the sync run's wall: the regime TBA exists for.
+  in the number, so generation is most of the sync run's wall: the regime TBA exists for. Its responses run to the
+  64 tokens (verl's ``rollout.ignore_eos``, as throughput benchmarks of vLLM do), so every configuration generates
+  and trains the same tokens per sample: without it the policies of this short run drift toward the limit at
+  different rates (decoupled 63 tokens on average, sync 54), and the comparison measured the drift.
 
 Every run trains the `small` model on the same data with the tb loss and the TBA replay sampler, k x ``--prompts``
 prompts per global step in k optimizer updates (k = ``--sync-every``, the decoupled runs' parameter_sync_step), for
@@ -57,8 +60,8 @@ from tba_ext.tools.launch import run_verl
 from tba_ext.tools.processes import children, cmdline, session_pids
 
 SYNC_PHASES = TBATrainerSeparateAsync.SYNC_PHASES  # verl's weight-sync stages the trainer times
-# regime -> (task, max_response_length)
-REGIMES = {"short": ("arith", 8), "generation_bound": ("arith_worked", 64)}
+# regime -> (task, max_response_length, rollout.ignore_eos)
+REGIMES = {"short": ("arith", 8, False), "generation_bound": ("arith_worked", 64, True)}
 
 
 def extra_args(parser):
@@ -262,7 +265,7 @@ def spread(values):
 def main():
     args = parse_args("async_speedup", steps=12, extra=extra_args)
     meta = provenance()
-    task, response_length = REGIMES[args.regime]
+    task, response_length, ignore_eos = REGIMES[args.regime]
     run = prepare_run(f"{args.run_dir}/{args.regime}", train_size=2000, size=args.size, task=task)
     k = args.sync_every
     common = [
@@ -271,6 +274,7 @@ def main():
         f"data.train_batch_size={k * args.prompts}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
         f"data.max_response_length={response_length}",
+        f"actor_rollout_ref.rollout.ignore_eos={str(ignore_eos).lower()}",
     ]
     runs: dict[str, list] = {}
     for repeat in range(args.repeats):
@@ -304,6 +308,7 @@ def main():
         "regime": args.regime,
         "task": task,
         "max_response_length": response_length,
+        "ignore_eos": ignore_eos,
         "prompts_per_update": args.prompts,
         "updates_per_sync": k,
         "steps_measured": args.steps - 1,

@@ -82,6 +82,34 @@ def test_server_batches_concurrent_requests_and_logprobs_match_a_forward_pass(ti
         assert out.stop_reason == "completed"
 
 
+def test_ignore_eos_runs_every_response_to_its_length_and_keeps_its_logprobs(tiny_run):
+    """verl's rollout.ignore_eos, as its vLLM server reads it: an EOS is sampled like any token and generation
+    goes on to max_tokens; the log-probs stay those of the model's forward pass."""
+    from tba_ext.cpu.hf_rollout import HFCPUServer
+
+    ids = list(prompt_ids(tiny_run))
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    def run(server, n=16):
+        return asyncio.run(asyncio.wait_for(_gather(server, ids, params, n), 120))
+
+    stopping = run(HFCPUServer(str(tiny_run / "model"), prompt_length=32, response_length=8, seed=0))
+    assert min(len(o.token_ids) for o in stopping) < 8  # the tiny model answers in fewer tokens: EOS stops it
+    server = HFCPUServer(str(tiny_run / "model"), prompt_length=32, response_length=8, seed=0, ignore_eos=True)
+    outs = run(server)
+    assert all(len(o.token_ids) == 8 for o in outs)
+    assert any(t in server.eos_token_ids for o in outs for t in o.token_ids[:-1])  # sampled EOS did not stop it
+    for out in outs[:4]:
+        with torch.no_grad():
+            logits = server.model(torch.tensor([ids + out.token_ids])).logits[0, len(ids) - 1 : -1]
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
+
+
+async def _gather(server, ids, params, n):
+    return await asyncio.gather(*[server.generate(ids, dict(params), f"r{i}") for i in range(n)])
+
+
 def test_a_requests_sample_depends_on_its_seed_not_on_its_batch(tiny_run):
     """Per-request seeds: the k-th request for a prompt gets the same tokens whether it runs alone or among other
     prompts, the n requests of one prompt differ from each other, and the draws follow the model's distribution."""

@@ -48,11 +48,12 @@ class _Request:
     top_p: float
     top_k: int
     seed: int
+    ignore_eos: bool
     future: asyncio.Future = field(repr=False)
 
     @property
     def sampling_key(self) -> tuple:
-        return (self.temperature, self.top_p, self.top_k)
+        return (self.temperature, self.top_p, self.top_k, self.ignore_eos)
 
 
 def _trace(record: dict) -> None:
@@ -128,7 +129,8 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
             attention_mask=attention_mask,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad_token_id,
-            eos_token_id=sorted(eos_token_ids),
+            # verl's rollout.ignore_eos (as vLLM's): an EOS is sampled like any token and generation goes on
+            eos_token_id=None if requests[0].ignore_eos else sorted(eos_token_ids),
             output_logits=True,
             return_dict_in_generate=True,
             **kwargs,
@@ -141,7 +143,7 @@ def generate_batch(model, requests: list[_Request], pad_token_id: int, eos_token
     for i, r in enumerate(requests):
         tokens = new_tokens[i, : r.max_tokens].tolist()
         stop = "length"
-        for t, tok in enumerate(tokens):
+        for t, tok in enumerate([] if r.ignore_eos else tokens):
             if tok in eos_token_ids:
                 tokens, stop = tokens[: t + 1], "completed"
                 break
@@ -183,6 +185,7 @@ class HFCPUServer:
         seed: int,
         max_batch: int = 256,
         reference: bool = False,
+        ignore_eos: bool = False,
     ):
         torch.set_num_threads(int(os.environ.get("TBA_EXT_ROLLOUT_THREADS", "1")))
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -198,6 +201,7 @@ class HFCPUServer:
         gen_cfg = self.model.generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else cfg.eos_token_id
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos])
+        self.ignore_eos = ignore_eos  # verl's rollout.ignore_eos: every response runs to its max_tokens
         self.pad_token_id = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else min(self.eos_token_ids)
         self.prompt_length, self.response_length = prompt_length, response_length
         self.max_batch = max_batch
@@ -309,6 +313,7 @@ class HFCPUServer:
             top_p=float(params.get("top_p", 1.0)),
             top_k=max(int(params.get("top_k") or 0), 0),  # verl's -1 / None mean "no top-k"; HF's is 0
             seed=request_seed(self.seed, prompt_ids, self._occurrence(prompt_ids)),
+            ignore_eos=bool(params.get("ignore_eos", self.ignore_eos)),
             future=asyncio.get_running_loop().create_future(),
         )
         self.pending.append(request)
@@ -432,6 +437,7 @@ class HFCPUReplica(RolloutReplica):
             response_length=self.config.response_length,
             seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,
             reference=bool((getattr(self.config, "custom", None) or {}).get("reference_logprobs", False)),
+            ignore_eos=bool(getattr(self.config, "ignore_eos", False)),
         )
         await server.stats.remote()  # fail here, with the server's own error, if the model cannot load
         self.servers = [server]
