@@ -194,7 +194,8 @@ def async_speedup(doc: dict) -> str:
     out = []
     for regime, r in doc.get("regimes", {}).items():
         out.append(
-            f"**{regime}** ({r['task']}, max_response_length {r['max_response_length']}, "
+            f"**{regime}** ({r['task']}, max_response_length {r['max_response_length']}"
+            f"{' with ignore_eos (every response runs to it)' if r.get('ignore_eos') else ''}, "
             f"{r['updates_measured']} measured updates of {r['prompts_per_update']} prompts, k = "
             f"{r['updates_per_sync']}, {r['repeats']} repeats, `{r['model']}` model): generation "
             f"{r['generation_share']:.2f} of sync's wall; ideal overlap {r['ideal_overlap']:.2f}x; CPU-bound ceiling "
