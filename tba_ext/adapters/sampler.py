@@ -170,6 +170,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         deadline = time.monotonic() + self.settings.wait_timeout_s
         metrics, ingest = {}, {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
         next_progress = 0.0
+        short_of_prompts = False  # this update waited for the store to hold B distinct prompts again
         while True:
             sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
             metrics.update(evictions)
@@ -188,24 +189,27 @@ class TBAReplaySampler(ReplayBufferAsync):
                 self.initial_buffer_filled = True
             if self.initial_buffer_filled:
                 k = self.group_size or self.largest_group
-                report = self.sampler.sample_groups(batch_size, k, current_version)
+                # where every finished group enters the store, the batch waits for B distinct prompts: the
+                # staleness cap can leave fewer (searchers slowed, restarted, or outrun by the trainer)
+                report = self.sampler.sample_groups(batch_size, k, current_version, distinct=threshold is not None)
                 if not report.missing:
                     break
+                short_of_prompts = short_of_prompts or (threshold is not None and len(self.store) > 0)
+                wanted, what = batch_size, "replay store short of a batch of distinct prompts:"
             else:  # the initial buffer: no update before it holds enough distinct prompts
-                self._fill_initial_buffer(partition_id, min_buffer)
-                if time.monotonic() >= next_progress:
-                    print(
-                        f"tba-ext: initial replay buffer {self.store.num_prompts}/{min_buffer} prompts "
-                        f"({SAMPLER_KWARGS}min_buffer_groups)",
-                        flush=True,
-                    )
-                    next_progress = time.monotonic() + 10.0
-            # nothing sampleable yet (empty store, initial buffer not full, or all of it past max_staleness)
+                wanted, what = min_buffer, f"initial replay buffer ({SAMPLER_KWARGS}min_buffer_groups):"
+            self._request_prompts(partition_id, wanted)
+            if threshold is not None and time.monotonic() >= next_progress:
+                print(f"tba-ext: {what} {self.store.num_prompts}/{wanted} prompts", flush=True)
+                next_progress = time.monotonic() + 10.0
+            # nothing sampleable yet (empty store, initial buffer not full, all of it past max_staleness, or
+            # fewer distinct prompts than a batch where the searchers run free)
             if time.monotonic() > deadline:
                 raise ReplayWaitTimeoutError(
                     f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
                     f"({len(self.store)} trajectories of {self.store.num_prompts} prompts stored, initial buffer "
-                    f"{min_buffer} prompts, max_staleness={self.settings.max_staleness}); are the searchers alive? "
+                    f"{min_buffer} prompts, a batch {batch_size} distinct prompts where searchers run free, "
+                    f"max_staleness={self.settings.max_staleness}); are the searchers alive? "
                     f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer"
                 )
             need = 1
@@ -223,6 +227,7 @@ class TBAReplaySampler(ReplayBufferAsync):
                 self.served[keys[-1]] = (traj, row["response_mask"])
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
         metrics.update(self._metrics(report, current_version, ingest))
+        metrics["replay/short_of_prompts"] = float(short_of_prompts)
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     # -- reference log-probs, kept with the trajectories (TrajectoryStore.reference_version) ---------------
@@ -250,13 +255,13 @@ class TBAReplaySampler(ReplayBufferAsync):
         """The reference policy moved: every stored reference log-prob is stale."""
         self.store.reference_version += 1
 
-    def _fill_initial_buffer(self, partition_id: str, min_buffer: int) -> None:
-        """Ask for the prompts the initial buffer still lacks beyond those queued or generating (the searchers'
-        queue is topped up once per update, and no update runs until the buffer is full)."""
+    def _request_prompts(self, partition_id: str, wanted: int) -> None:
+        """Ask for the distinct prompts the store lacks for ``wanted`` beyond those queued or generating (the
+        searchers' queue is topped up once per update, and this update waits for them)."""
         if self.request_prompts is None:
             return
         inflight = len(self.pending_keys[partition_id]) + len(self.running_keys[partition_id])
-        missing = min_buffer - self.store.num_prompts - inflight
+        missing = wanted - self.store.num_prompts - inflight
         if missing > 0:
             self.request_prompts(missing)
 

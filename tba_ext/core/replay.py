@@ -25,7 +25,8 @@ trainer-relative window ``recency_window = 2k`` covers exactly those versions pl
 searcher has already delivered. Right after a sync the newest version is sparsely present (a few short
 responses); the next-freshest fallback keeps the batch at B distinct prompts instead of repeating those few.
 A prompt appears at most once per batch unless the store holds fewer distinct prompts than B (counted in
-``SampleReport.repeated``). K draws are without replacement unless the prompt holds fewer than K.
+``SampleReport.repeated``); with ``distinct`` (the decoupled trainer) such a store serves no batch until it
+holds B. K draws are without replacement unless the prompt holds fewer than K.
 Trajectories staler than ``max_staleness`` can never be drawn again, so they leave the store.
 """
 
@@ -591,13 +592,18 @@ class ReplaySampler:
         keys = logits + self.np_rng.gumbel(size=len(pool))
         return [pool[i] for i in np.argpartition(-keys, k - 1)[:k]]
 
-    def sample_groups(self, batch_size: int, k: int, current_version: int) -> SampleReport:
+    def sample_groups(self, batch_size: int, k: int, current_version: int, distinct: bool = False) -> SampleReport:
+        """B groups of K. ``distinct``: B distinct prompts or nothing; while the store (after the staleness cap)
+        holds fewer than B prompts no slot is filled and nothing is drawn (``missing``: the caller waits for
+        generation), where otherwise prompts would repeat. The decoupled trainer asks for it: its searchers keep
+        generating, so waiting for them beats training on copies of a few prompts (the reference never evicts,
+        so its batches are always distinct)."""
         s = self.settings
         if s.max_staleness is not None:
             self.store.stats.evicted_stale += self.store.evict_older_than(current_version - s.max_staleness)
         report = SampleReport(groups=[])
-        if not len(self.store):
-            report.missing = batch_size
+        if not len(self.store) or (distinct and self.store.num_prompts < batch_size):
+            report.missing = batch_size - (self.store.num_prompts if len(self.store) else 0)
             return report
         fresh_from = self._fresh_from(current_version)
         softmax = s.reward_inv_temp != 0
