@@ -208,8 +208,9 @@ class TBAReplaySampler(ReplayBufferAsync):
                 raise ReplayWaitTimeoutError(
                     f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
                     f"({len(self.store)} trajectories of {self.store.num_prompts} prompts stored, initial buffer "
-                    f"{min_buffer} prompts, a batch {batch_size} distinct prompts where searchers run free, "
-                    f"max_staleness={self.settings.max_staleness}); are the searchers alive? "
+                    f"{min_buffer} prompts, max_staleness={self.settings.max_staleness}"
+                    f"{'' if threshold is None else f'; a batch needs {batch_size} distinct prompts'}); "
+                    "are the searchers alive? "
                     f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer"
                 )
             need = 1

@@ -603,7 +603,7 @@ class ReplaySampler:
             self.store.stats.evicted_stale += self.store.evict_older_than(current_version - s.max_staleness)
         report = SampleReport(groups=[])
         if not len(self.store) or (distinct and self.store.num_prompts < batch_size):
-            report.missing = batch_size - (self.store.num_prompts if len(self.store) else 0)
+            report.missing = batch_size - self.store.num_prompts
             return report
         fresh_from = self._fresh_from(current_version)
         softmax = s.reward_inv_temp != 0
