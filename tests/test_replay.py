@@ -121,27 +121,19 @@ def test_a_store_drained_below_b_prompts_serves_no_distinct_batch_until_refilled
     distinct ones. Without ``distinct`` (lockstep) the same store repeats prompts, counted."""
     store = TrajectoryStore(100, 10_000)
     settings = ReplaySettings(recency_prob=0.95, recency_window=4, max_staleness=8, seed=7)
-    for p in range(8):
-        for j in range(4):
-            store.admit(Trajectory(f"old{p}", [p, j], 1.0, 0))
-    for p in range(2):
-        for j in range(4):
-            store.admit(Trajectory(f"new{p}", [100 + p, j], 1.0, 6))
+    fill(store, prompts=8, per_prompt=4, versions=(0,))
+    fill(store, prompts=2, per_prompt=4, versions=(6,))
     sampler = ReplaySampler(store, settings)
     rng_state = sampler.rng.getstate()
     report = sampler.sample_groups(8, 4, current_version=11, distinct=True)  # versions below 3 leave the store
     assert store.num_prompts == 2 and report.missing == 6 and not report.groups
     assert sampler.rng.getstate() == rng_state
     assert all(t.draws == 0 for key in store.prompt_keys() for t in store.trajectories(key))
-    for p in range(2, 8):
-        for j in range(4):
-            store.admit(Trajectory(f"new{p}", [100 + p, j], 1.0, 10))
+    fill(store, prompts=8, per_prompt=4, versions=(10,))
     report = sampler.sample_groups(8, 4, current_version=11, distinct=True)
     assert not report.missing and report.repeated == 0 and len({g.prompt_key for g in report.groups}) == 8
     lockstep = TrajectoryStore(100, 10_000)
-    for p in range(2):
-        for j in range(4):
-            lockstep.admit(Trajectory(f"p{p}", [p, j], 1.0, 0))
+    fill(lockstep, prompts=2, per_prompt=4, versions=(0,))
     report = ReplaySampler(lockstep, settings).sample_groups(8, 4, current_version=0)
     assert not report.missing and report.repeated == 6
 

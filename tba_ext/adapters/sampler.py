@@ -163,9 +163,10 @@ class TBAReplaySampler(ReplayBufferAsync):
         # the policy being trained has had every update of the earlier steps and of this step's earlier samples
         current_version = trainer_version(global_steps, self.local_update, self.updates_per_version, self.local_updates)
         threshold = self.settings.min_fresh_groups
-        need = batch_size if threshold is None else threshold
+        free_running = threshold is not None  # every finished group enters the store at each sample
+        need = threshold if free_running else batch_size
         min_buffer = self.settings.min_buffer_groups or batch_size
-        if threshold is None:  # lockstep: each update waits for the B groups generated for it, no initial buffer
+        if not free_running:  # lockstep: each update waits for the B groups generated for it, no initial buffer
             self.initial_buffer_filled = True
         deadline = time.monotonic() + self.settings.wait_timeout_s
         metrics, ingest = {}, {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
@@ -180,7 +181,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             # their own pace: everything finished enters the store, as the reference's sync delivers it
             take = (
                 set(sampleable)
-                if threshold is not None
+                if free_running
                 else set(self._select_prompt_uids(partition_id, set(sampleable), batch_size)[0])
             )
             for key, value in self._ingest(partition_id, take).items():
@@ -191,15 +192,15 @@ class TBAReplaySampler(ReplayBufferAsync):
                 k = self.group_size or self.largest_group
                 # where every finished group enters the store, the batch waits for B distinct prompts: the
                 # staleness cap can leave fewer (searchers slowed, restarted, or outrun by the trainer)
-                report = self.sampler.sample_groups(batch_size, k, current_version, distinct=threshold is not None)
+                report = self.sampler.sample_groups(batch_size, k, current_version, distinct=free_running)
                 if not report.missing:
                     break
-                short_of_prompts = short_of_prompts or (threshold is not None and len(self.store) > 0)
+                short_of_prompts = short_of_prompts or (free_running and len(self.store) > 0)
                 wanted, what = batch_size, "replay store short of a batch of distinct prompts:"
             else:  # the initial buffer: no update before it holds enough distinct prompts
                 wanted, what = min_buffer, f"initial replay buffer ({SAMPLER_KWARGS}min_buffer_groups):"
             self._request_prompts(partition_id, wanted)
-            if threshold is not None and time.monotonic() >= next_progress:
+            if free_running and time.monotonic() >= next_progress:
                 print(f"tba-ext: {what} {self.store.num_prompts}/{wanted} prompts", flush=True)
                 next_progress = time.monotonic() + 10.0
             # nothing sampleable yet (empty store, initial buffer not full, all of it past max_staleness, or
@@ -209,7 +210,7 @@ class TBAReplaySampler(ReplayBufferAsync):
                     f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
                     f"({len(self.store)} trajectories of {self.store.num_prompts} prompts stored, initial buffer "
                     f"{min_buffer} prompts, max_staleness={self.settings.max_staleness}"
-                    f"{'' if threshold is None else f'; a batch needs {batch_size} distinct prompts'}); "
+                    f"{f'; a batch needs {batch_size} distinct prompts' if free_running else ''}); "
                     "are the searchers alive? "
                     f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer"
                 )
