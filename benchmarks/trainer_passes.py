@@ -11,7 +11,9 @@ Every configuration trains the same model on the same data in tba_sync (one opti
   weight sync).
 Configurations: tb and tb_pg fused with the searcher's reference log-probs (the rollout server scores each sample
 with its copy of the initial model, as TBA's searchers do: no reference pass on the trainer), tb and tb_pg fused
-(the default: the trainer's reference pass on rows the replay store holds none for), tb and tb_pg three-call
+(the default: the trainer's reference forward on rows the replay store holds none for, inside the update's own
+call), the same with that forward in a call of its own before the update (``tba.ref_in_update=false``), tb and
+tb_pg three-call
 (``tba.fused_update=false``) and Dr. GRPO (verl's own estimator and loss, through tba_sync for the counters: its
 pipeline is verl's). The
 repeats run the configurations in turn (rotated), so load drifts reach all alike. Figures: median over the
@@ -31,8 +33,10 @@ CONFIGS = {
     "tb_fused_searcher_ref": ("cpu_tb", [SEARCHER_REFERENCE]),
     "tb_pg_fused_searcher_ref": ("cpu_tb_pg", [SEARCHER_REFERENCE]),
     "tb_fused": ("cpu_tb", []),
+    "tb_fused_ref_call": ("cpu_tb", ["tba.ref_in_update=false"]),
     "tb_three_call": ("cpu_tb", ["tba.fused_update=false"]),
     "tb_pg_fused": ("cpu_tb_pg", []),
+    "tb_pg_fused_ref_call": ("cpu_tb_pg", ["tba.ref_in_update=false"]),
     "tb_pg_three_call": ("cpu_tb_pg", ["tba.fused_update=false"]),
     "drgrpo": ("cpu_drgrpo", ["trainer.v1.trainer_mode=tba_sync"]),
 }
@@ -129,18 +133,29 @@ def main():
             "tb_pg": calls("tb_pg_fused_searcher_ref"),
             "tb_trainer_reference": calls("tb_fused"),
             "tb_pg_trainer_reference": calls("tb_pg_fused"),
+            "tb_trainer_reference_own_call": calls("tb_fused_ref_call"),
+            "tb_pg_trainer_reference_own_call": calls("tb_pg_fused_ref_call"),
         },
         "trainer_s_vs_three_call": {
             "tb": ratio("tb_fused_searcher_ref", "tb_three_call"),
             "tb_pg": ratio("tb_pg_fused_searcher_ref", "tb_pg_three_call"),
             "tb_trainer_reference": ratio("tb_fused", "tb_three_call"),
             "tb_pg_trainer_reference": ratio("tb_pg_fused", "tb_pg_three_call"),
+            "tb_trainer_reference_own_call": ratio("tb_fused_ref_call", "tb_three_call"),
+            "tb_pg_trainer_reference_own_call": ratio("tb_pg_fused_ref_call", "tb_pg_three_call"),
         },
         "trainer_s_vs_drgrpo": {
             "tb": ratio("tb_fused_searcher_ref", "drgrpo"),
             "tb_pg": ratio("tb_pg_fused_searcher_ref", "drgrpo"),
             "tb_trainer_reference": ratio("tb_fused", "drgrpo"),
             "tb_pg_trainer_reference": ratio("tb_pg_fused", "drgrpo"),
+            "tb_trainer_reference_own_call": ratio("tb_fused_ref_call", "drgrpo"),
+            "tb_pg_trainer_reference_own_call": ratio("tb_pg_fused_ref_call", "drgrpo"),
+        },
+        # the reference forward inside the update's call against the same forward in a call of its own
+        "trainer_s_reference_in_update_vs_own_call": {
+            "tb": ratio("tb_fused", "tb_fused_ref_call"),
+            "tb_pg": ratio("tb_pg_fused", "tb_pg_fused_ref_call"),
         },
         "goals": {"worker_calls_per_update": 1, "trainer_s_vs_three_call": 0.65, "trainer_s_vs_drgrpo": 0.8},
         "configurations": summary,
@@ -154,7 +169,12 @@ def main():
             f"{name:<26} {t['median']:9.3f} [{t['min']:.3f}, {t['max']:.3f}] {s['trainer_calls_per_update']:6g} "
             f"{s['forward_units_per_trajectory']:6g} {s['gen_s']['median']:7.3f}"
         )
-    for key in ("worker_calls_per_update", "trainer_s_vs_three_call", "trainer_s_vs_drgrpo"):
+    for key in (
+        "worker_calls_per_update",
+        "trainer_s_vs_three_call",
+        "trainer_s_vs_drgrpo",
+        "trainer_s_reference_in_update_vs_own_call",
+    ):
         print(f"{key}: " + ", ".join(f"{k} {v:.3g}" for k, v in result[key].items() if v is not None))
     plot(summary, args.out.replace(".json", ".png"))
     print(f"wrote {args.out}")

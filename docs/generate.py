@@ -187,7 +187,14 @@ def trainer_passes(doc: dict) -> str:
             f"{c['forward_units_per_trajectory']:g} | {gen} |"
         )
     keys = {"worker_calls_per_update": "<=", "trainer_s_vs_three_call": "<=", "trainer_s_vs_drgrpo": "<="}
-    return "\n".join(rows) + "\n\n" + goal_line(doc, keys) + "\n"
+    placement = ", ".join(
+        f"{name} {value:.3g}"
+        for name, value in doc.get("trainer_s_reference_in_update_vs_own_call", {}).items()
+        if value is not None
+    )
+    if placement:
+        placement = f"\n\nTrainer s, the reference forward inside the update's call vs a call of its own: {placement}."
+    return "\n".join(rows) + "\n\n" + goal_line(doc, keys) + placement + "\n"
 
 
 def async_speedup(doc: dict) -> str:
@@ -274,8 +281,9 @@ RENDERERS = {
         trainer_passes,
     ),
     "trainer_passes_searcher_ref": (
-        "Trainer cost per update, tb: the searcher's reference log-probs against the trainer's reference pass",
-        "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_fused tb_three_call drgrpo",
+        "Trainer cost per update, tb: the searcher's reference log-probs against the trainer's reference forward "
+        "(inside the update's call, and in a call of its own)",
+        "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_fused tb_fused_ref_call tb_three_call drgrpo",
         trainer_passes,
     ),
     "async_speedup": (

@@ -9,7 +9,8 @@ must equal the 1-rank ones.
 Two prompts x 3 responses per update, one micro-batch per group: the fused update gives each rank one whole
 group, so the loss is only right if its normalisation spans the ranks (verl's ``global_batch_info``) and log Z
 comes from the group's own rows. The 2-rank run takes the reference log-probs the searcher computed with its copy
-of the initial model, the 1-rank run computes them on the trainer, so the comparison also checks those values.
+of the initial model, the 1-rank run computes them in verl's reference call and a third run on two ranks inside
+the update's own call (``tba.ref_in_update``), so the comparison also checks those values.
 verl's no-op padding rows cannot occur here:
 its config check makes the batch a multiple of the rank count and the TBA sampler always serves whole batches
 (padding rows are covered by tests/test_tb_math.py).
@@ -39,10 +40,14 @@ GRADIENT_ORDER_REL = 1e-4
 THETA_ULPS = 4
 
 
-def one_update(tiny_run, run_dir, ranks: int, algo: str, fused: bool = True, searcher_reference: bool = True):
+def one_update(tiny_run, run_dir, ranks: int, algo: str, fused: bool = True, reference: str = "searcher"):
+    """``reference``: "searcher" (each searcher scores its samples with its copy of the initial model), "update"
+    (the trainer, inside the update's own call: tba.ref_in_update) or "verl" (verl's reference call on every row:
+    tba.ref_cache=false)."""
     overrides = [
         f"tba.fused_update={fused}",
-        f"tba.ref_cache={searcher_reference}",
+        f"tba.ref_cache={reference != 'verl'}",
+        f"actor_rollout_ref.rollout.custom.reference_logprobs={reference == 'searcher'}",
         f"run_dir={tiny_run}",
         f"algo={algo}",
         "trainer.total_training_steps=1",
@@ -80,14 +85,20 @@ def one_update(tiny_run, run_dir, ranks: int, algo: str, fused: bool = True, sea
 @pytest.mark.parametrize("algo", ["tb", "tb_pg"])
 def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path, algo, margin):
     start = load_file(str(tiny_run / "model" / "model.safetensors"))
-    for name in ("one", "two", "three_call"):
+    for name in ("one", "two", "two_update_ref", "three_call"):
         (tmp_path / name).mkdir()
-    # one rank runs the reference on the trainer; two ranks take the searcher's reference log-probs (its copy of
-    # the initial model): the same update again, and one worker call instead of two
-    one, metrics_one = one_update(tiny_run, tmp_path / "one", 1, algo, searcher_reference=False)
+    # one rank runs verl's reference call on the trainer; two ranks take the searcher's reference log-probs (its
+    # copy of the initial model), or compute them on the trainer inside the update's own call (each rank its
+    # rows): the same update each time, and one worker call instead of two
+    one, metrics_one = one_update(tiny_run, tmp_path / "one", 1, algo, reference="verl")
     two, metrics_two = one_update(tiny_run, tmp_path / "two", 2, algo)
     assert metrics_two["tba/ref_cached_frac"] == 1.0 and metrics_two["tba/trainer_calls_per_update"] == 1
     assert metrics_one["tba/trainer_calls_per_update"] == 2
+    in_update, metrics_in_update = one_update(tiny_run, tmp_path / "two_update_ref", 2, algo, reference="update")
+    assert metrics_in_update["tba/ref_cached_frac"] == 0.0 and metrics_in_update["tba/ref_computed_frac"] == 1.0
+    assert metrics_in_update["tba/trainer_calls_per_update"] == 1
+    # a forward for the reference and a forward + backward, per trajectory
+    assert metrics_in_update["tba/trainer_forward_units_per_trajectory"] == 4
     # verl's three-call pipeline (old log-probs, driver advantage, update) makes the same first update: at
     # theta = old the fused loss has its value and gradient
     three, metrics_three = one_update(tiny_run, tmp_path / "three_call", 1, algo, fused=False)
@@ -122,6 +133,10 @@ def test_two_data_parallel_ranks_make_the_same_update_as_one(tiny_run, tmp_path,
         f"{metrics_two['actor/grad_norm']:.6g}"
     )
     margin("2-rank gap / float32 bound, worst element", worst, 1.0)
+    # placeholder reference log-probs (zeros) left in the update would move tb/kl and the step far outside this
+    assert metrics_in_update["tb/kl"] == pytest.approx(metrics_one["tb/kl"], rel=1e-4, abs=1e-6)
+    worst_in_update = max(((in_update[n] - one[n]).abs() / allowed_gap(one[n], step)).max().item() for n in names)
+    margin("2-rank reference-in-update gap / float32 bound, worst element", worst_in_update, 1.0)
     margin(
         "three-call vs fused grad_norm rel gap",
         abs(metrics_three["actor/grad_norm"] / metrics_one["actor/grad_norm"] - 1),

@@ -4,6 +4,11 @@
   (``tba.ref_cache``), so the reference forward runs only on rows without them: fresh data, and data from before
   the latest reference update (``TrajectoryStore.reference_version``). An EMA reference (``tba.ref_ema`` with
   ``ref_reset_every=1``) changes every update, so every row is recomputed every update, as without the cache.
+- Where that forward runs: with the fused update and the reference model in the actor's processes (the hybrid
+  worker, or verl's reference worker group fused into the same Ray actors), inside the update's own worker call,
+  just before its forward + backward (``tba.ref_in_update``): one call per update, nothing to wait for between
+  two calls, and no devices held for a reference group that is idle once the store holds a trajectory's values.
+  Otherwise verl's own reference call on those rows, before the update.
 - Updates: ref <- ref_ema * ref + (1 - ref_ema) * policy every ``tba.ref_reset_every`` optimizer updates, shard by
   shard inside the workers (the actor's processes, or the reference's own worker group).
 - Checkpoint: once the reference has moved, each rank's shard is saved beside verl's checkpoint and restored on
@@ -20,8 +25,10 @@ import sys
 import ray
 import torch
 import transfer_queue as tq
-from tensordict import TensorDict
+from tensordict import NonTensorStack, TensorDict
+from verl.utils import tensordict_utils as tu
 from verl.utils.transferqueue_utils import KVBatchMeta
+from verl.workers.utils.padding import response_from_nested
 
 from tba_ext.adapters.rows import SEARCHER_REFERENCE
 from tba_ext.core import tb
@@ -29,6 +36,20 @@ from tba_ext.core import tb
 logger = logging.getLogger(__name__)
 
 REFERENCE_DIR = "tba_reference"  # the reference's shards, one file per rank, once a reset or the EMA moved it
+# what the trainer hands the update's call when the reference pass runs inside it (tba.ref_in_update):
+TODO_FIELD = "tba_ref_todo"  # per row: 1 = compute its reference log-probs before the update
+KEY_FIELD = "tba_key"  # per row: its TransferQueue key, under which the worker stores the values it computed
+PARTITION_KEY = "tba_ref_partition"  # extra_info: the batch's TransferQueue partition
+MICRO_BATCH_KEY = "tba_ref_micro_batch_size_per_gpu"  # extra_info: the reference pass's static micro-batch
+# the update's own settings, which the reference forward must not inherit (it sets its own or verl's defaults)
+_UPDATE_ONLY = (
+    "force_group_size",
+    "micro_batch_size_per_gpu",
+    "calculate_entropy",
+    "compute_loss",
+    "distillation_use_topk",
+    "distillation_only",
+)
 
 
 def data_parallel_size(wg, role: str) -> int:
@@ -83,6 +104,71 @@ def _update_reference(worker, source: dict | None, keep: float) -> int:
     return len(target)
 
 
+def install_reference_in_update(worker, ref_in_actor: bool) -> int:
+    """Runs inside an actor worker (``__ray_call__``): every update of its actor first computes the reference
+    log-probs of the rows the trainer marked (``TODO_FIELD``), with the reference model of this process (the
+    actor itself with its LoRA adapter off when ``ref_in_actor``). Returns how many actors were wrapped."""
+    candidates = (worker, *getattr(worker, "worker_dict", {}).values())
+    reference = next((c.ref for c in candidates if getattr(c, "ref", None) is not None), None)
+    wrapped = 0
+    for candidate in candidates:
+        actor = getattr(candidate, "actor", None)
+        if actor is None or not hasattr(actor, "train_mini_batch"):
+            continue
+        ref = actor if ref_in_actor else reference
+        if ref is None:
+            raise RuntimeError("tba-ext: tba.ref_in_update needs the reference model in the actor's processes")
+
+        def train_mini_batch(data, _train=actor.train_mini_batch, _ref=ref, _worker=candidate):
+            _reference_into_batch(_worker, _ref, data, ref_in_actor)
+            return _train(data=data)
+
+        actor.train_mini_batch = train_mini_batch  # the instance's, which verl's update_actor calls
+        wrapped += 1
+    if not wrapped:
+        raise RuntimeError("tba-ext: tba.ref_in_update found no verl actor in this worker")
+    return wrapped
+
+
+def _reference_into_batch(worker, reference, data: TensorDict, ref_in_actor: bool) -> None:
+    """The reference forward on this rank's marked rows of an update batch: their ``ref_log_prob`` replaced in
+    ``data`` (which the update then trains on) and stored in TransferQueue (which the trainer's store reads). The
+    trainer marks as many rows on every rank (the forward's collectives need every rank to run it alike)."""
+    todo = data.get(TODO_FIELD, None)
+    if todo is None or not bool(todo.any()):
+        return
+    rows = todo.nonzero().squeeze(-1).tolist()
+    part = tu.index_select_tensor_dict(data, rows)
+    for key in _UPDATE_ONLY:
+        tu.pop(part, key=key, default=None)
+    micro = tu.get_non_tensor_data(data=data, key=MICRO_BATCH_KEY, default=None)
+    settings = {"calculate_entropy": False, "compute_loss": False}
+    if micro is not None:
+        settings["micro_batch_size_per_gpu"] = int(micro)
+    if ref_in_actor:
+        settings["no_lora_adapter"] = True
+    tu.assign_non_tensor(part, **settings)
+    output = reference.infer_batch(part)
+    if output is None:  # a model-parallel rank without outputs (sequence parallelism is refused at start-up)
+        raise RuntimeError("tba-ext: the reference forward returned no log-probs on this rank")
+    values = [v.to(torch.float32) for v in response_from_nested(output["log_probs"], part["response_mask"]).unbind()]
+    merged = list(data["ref_log_prob"].unbind())
+    for row, value in zip(rows, values):
+        merged[row] = value.to(merged[row].dtype)
+    data["ref_log_prob"] = torch.nested.as_nested_tensor(merged, layout=torch.jagged)
+    collects = worker.query_collect_info("actor") if hasattr(worker, "query_collect_info") else True
+    if collects:  # one writer per data-parallel shard
+        keys = data[KEY_FIELD]
+        keys = keys.tolist() if hasattr(keys, "tolist") else list(keys)
+        tq.kv_batch_put(
+            keys=[keys[row] for row in rows],
+            partition_id=tu.get_non_tensor_data(data=data, key=PARTITION_KEY, default=None),
+            fields=TensorDict(
+                {"ref_log_prob": torch.nested.as_nested_tensor(values, layout=torch.jagged)}, batch_size=len(rows)
+            ),
+        )
+
+
 def _rank() -> tuple[int, int]:
     dist = torch.distributed
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
@@ -117,6 +203,39 @@ class ReferenceMixin:
     # times the reference has moved since verl loaded it (the searchers' copy is the initial model: their
     # log-probs are the reference's only while this is 0)
     reference_version = 0
+    ref_in_update = False  # the reference forward runs inside the update's call (set by reference_placement)
+
+    def reference_placement(self) -> str:
+        """Decides where the reference forward of rows without stored log-probs runs, once the workers exist;
+        installs it in the actor workers when that is the update's own call. Returns the start-up line."""
+        tba, actor = self.tba, self.config.actor_rollout_ref.actor
+        if not (self.use_reference_policy and tba.ref_cache and self.fused):
+            return ""
+        same_processes = self.ref_in_actor or [w._actor_id for w in self.ref_policy_wg.workers] == [
+            w._actor_id for w in self.actor_rollout_wg.workers
+        ]
+        why_not = next(
+            (
+                why
+                for failed, why in (
+                    (not tba.ref_in_update, "tba.ref_in_update=false"),
+                    (tba.ref_cache_check, "tba.ref_cache_check recomputes stored rows in verl's reference call"),
+                    (
+                        int(actor.get("ulysses_sequence_parallel_size", 1) or 1) > 1,
+                        "sequence parallelism leaves the reference's log-probs on one rank of each group",
+                    ),
+                    (not same_processes, "the reference worker group runs in processes of its own"),
+                )
+                if failed
+            ),
+            None,
+        )
+        if why_not:
+            return f"reference log-probs of rows without stored ones: a separate reference call ({why_not})"
+        workers = self.actor_rollout_wg.workers
+        ray.get([w.__ray_call__.remote(install_reference_in_update, self.ref_in_actor) for w in workers])
+        self.ref_in_update = True
+        return "reference log-probs of rows without stored ones: computed inside the update's own call"
 
     def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's reference pass on the rows whose reference log-probs are not known (topped up to a multiple of
@@ -130,6 +249,8 @@ class ReferenceMixin:
             cached = buffer.cached_reference(batch.keys)
         else:
             cached = _searcher_reference(batch) if self.reference_version == 0 else {}
+        if self.ref_in_update:
+            return self._mark_reference_for_update(batch, cached, metrics)
         check = self.tba.ref_cache_check and bool(cached)
         rows = [i for i, key in enumerate(batch.keys) if check or key not in cached]
         computed_keys: list[str] = []
@@ -166,6 +287,54 @@ class ReferenceMixin:
         metrics["tba/ref_cached_frac"] = len(cached) / max(len(batch), 1)
         metrics["tba/ref_computed_frac"] = len(rows) / max(len(batch), 1)
         return batch
+
+    def _mark_reference_for_update(self, batch: KVBatchMeta, cached: dict, metrics: dict) -> KVBatchMeta:
+        """``tba.ref_in_update``: the stored reference log-probs written now, the rows without them marked for the
+        update's own call (placeholders until it replaces them). verl hands data-parallel rank r the r-th slice
+        of the batch; every rank gets as many marked rows, topped up with stored ones."""
+        ranks = data_parallel_size(self.actor_rollout_wg, "actor")
+        if len(batch) % ranks:
+            raise RuntimeError(f"tba-ext: {len(batch)} rows cannot be split over {ranks} data-parallel ranks")
+        per_rank = len(batch) // ranks
+        slices = [range(r * per_rank, (r + 1) * per_rank) for r in range(ranks)]
+        missing = [[i for i in rows if batch.keys[i] not in cached] for rows in slices]
+        need = max(len(rows) for rows in missing)
+        todo = sorted(
+            i
+            for rows, own in zip(slices, missing)
+            for i in own + [j for j in rows if batch.keys[j] in cached][: need - len(own)]
+        )
+        marked = torch.zeros(len(batch), dtype=torch.int8)
+        marked[todo] = 1
+        placeholders = [
+            cached[key] if key in cached else torch.zeros(tag["response_len"], dtype=torch.float32)
+            for key, tag in zip(batch.keys, batch.tags)
+        ]
+        fields = TensorDict(
+            {
+                "ref_log_prob": torch.nested.as_nested_tensor(placeholders, layout=torch.jagged),
+                TODO_FIELD: marked,
+                KEY_FIELD: NonTensorStack(*batch.keys),
+            },
+            batch_size=len(batch),
+        )
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        batch.extra_info[PARTITION_KEY] = batch.partition_id
+        batch.extra_info[MICRO_BATCH_KEY] = (
+            self._reference_micro_batch(need).get("micro_batch_size_per_gpu") if need else None
+        )
+        self._reference_due = [batch.keys[i] for i in todo if batch.keys[i] not in cached]
+        metrics["tba/ref_cached_frac"] = len(cached) / max(len(batch), 1)
+        metrics["tba/ref_computed_frac"] = len(todo) / max(len(batch), 1)
+        self._calls["units"] += len(todo)  # a forward each, inside the update's call
+        return batch
+
+    def _keep_reference_from_update(self, batch: KVBatchMeta) -> None:
+        """After an update that computed reference log-probs: those of rows without stored ones into the store."""
+        keys, self._reference_due = getattr(self, "_reference_due", []), []
+        if keys and hasattr(self.replay_buffer, "keep_reference"):
+            values = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["ref_log_prob"])
+            self.replay_buffer.keep_reference(keys, list(values["ref_log_prob"].unbind()))
 
     def _reference_micro_batch(self, rows_per_rank: int) -> dict:
         """verl's static micro-batching needs each rank's rows to be a multiple of the micro-batch: the largest

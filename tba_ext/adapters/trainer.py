@@ -89,6 +89,9 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
     def on_init_end(self):
         if self.fused:  # the actor workers' loss becomes the fused TB loss (same actor config)
             ray.get([w.__ray_call__.remote(fused.install_fused_loss) for w in self.actor_rollout_wg.workers])
+        placement = self.reference_placement()
+        if placement:
+            print(f"tba-ext: {placement}", flush=True)
         self._count_trainer_calls()
         super().on_init_end()
 
@@ -195,6 +198,7 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         if not actor.use_dynamic_bsz:  # verl's micro-batch is then micro_batch_size_per_gpu groups
             batch.extra_info["micro_batch_size_per_gpu"] = int(actor.ppo_micro_batch_size_per_gpu) // n
         batch = super()._update_actor(batch, metrics)
+        self._keep_reference_from_update(batch)
         for key in fused.BATCH_METRICS:  # the names verl's three-call pipeline reports them under
             if "actor/" + key in metrics:
                 metrics[key] = metrics.pop("actor/" + key)

@@ -104,6 +104,10 @@ class TBASettings:
     # keep each trajectory's reference log-probs in the replay store and run the reference only on rows without
     # them (fresh data, or data from before a reference reset); false = verl's reference pass on every row
     ref_cache: bool = True
+    # with the fused update and the reference in the actor's processes: the rows without stored reference
+    # log-probs get them inside the update's own worker call, just before its forward + backward (one call per
+    # update); false = verl's separate reference call on those rows first
+    ref_in_update: bool = True
     # also recompute the cached rows and report the largest difference (tba/ref_cache_max_sum_diff): a check
     ref_cache_check: bool = False
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)  # the paper's warmup-stable-decay LR (FSDP actor)
