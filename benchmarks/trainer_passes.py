@@ -9,6 +9,9 @@ Every configuration trains the same model on the same data in tba_sync (one opti
 - forward_units_per_trajectory: 1 per forward pass, 3 per forward + backward, per trained trajectory;
 - trainer_s: the trainer's path, verl's timers old_log_prob + ref + adv + update_actor (not generation or the
   weight sync).
+The arith task's cpu_tb / cpu_tb_pg runs have no replay store: every update's rows are fresh, so a trainer-side
+reference computes all of them every update, as an EMA reference (``tb_fused_ema_ref``) must; that configuration
+adds the EMA's weight average after every update (``step_s``, the whole step, shows it).
 Configurations: tb and tb_pg fused with the searcher's reference log-probs (the rollout server scores each sample
 with its copy of the initial model, as TBA's searchers do: no reference pass on the trainer), tb and tb_pg fused
 (the default: the trainer's reference forward on rows the replay store holds none for, inside the update's own
@@ -34,6 +37,8 @@ CONFIGS = {
     "tb_pg_fused_searcher_ref": ("cpu_tb_pg", [SEARCHER_REFERENCE]),
     "tb_fused": ("cpu_tb", []),
     "tb_fused_ref_call": ("cpu_tb", ["tba.ref_in_update=false"]),
+    # an EMA reference moving every update: every row's reference forward every update, and the weight average
+    "tb_fused_ema_ref": ("cpu_tb", ["tba.ref_reset_every=1", "tba.ref_ema=0.9"]),
     "tb_three_call": ("cpu_tb", ["tba.fused_update=false"]),
     "tb_pg_fused": ("cpu_tb_pg", []),
     "tb_pg_fused_ref_call": ("cpu_tb_pg", ["tba.ref_in_update=false"]),
@@ -76,6 +81,9 @@ def one_run(run_dir, name, config, overrides, steps, repeat):
         "stage_s": stage_s,
         # generation (verl's gen timer): where the searcher's reference forward is paid instead
         "gen_s": statistics.median(d.get("timing_s/gen", 0.0) for d in measured),
+        # the whole step: generation, the trainer's path and what follows the update (the EMA reference's
+        # weight average, the weight sync)
+        "step_s": statistics.median(d.get("timing_s/step", 0.0) for d in measured),
         "trainer_calls_per_update": statistics.median(d["tba/trainer_calls_per_update"] for d in measured),
         "forward_units_per_trajectory": statistics.median(
             d["tba/trainer_forward_units_per_trajectory"] for d in measured
@@ -110,6 +118,7 @@ def main():
             "trainer_s": spread([r["trainer_s"] for r in rs]),
             "stage_s": {s: statistics.median(r["stage_s"][s] for r in rs) for s in STAGES},
             "gen_s": spread([r["gen_s"] for r in rs]),
+            "step_s": spread([r["step_s"] for r in rs]),
             "trainer_calls_per_update": statistics.median(r["trainer_calls_per_update"] for r in rs),
             "forward_units_per_trajectory": statistics.median(r["forward_units_per_trajectory"] for r in rs),
         }
@@ -157,6 +166,13 @@ def main():
             "tb": ratio("tb_fused", "tb_fused_ref_call"),
             "tb_pg": ratio("tb_pg_fused", "tb_pg_fused_ref_call"),
         },
+        # the EMA reference against the fixed one, both computing every (fresh) row's reference in the update:
+        # what the per-update weight average adds to the step
+        "ema_reference_step_s_minus_fixed": (
+            summary["tb_fused_ema_ref"]["step_s"]["median"] - summary["tb_fused"]["step_s"]["median"]
+            if "tb_fused_ema_ref" in summary and "tb_fused" in summary
+            else None
+        ),
         "goals": {"worker_calls_per_update": 1, "trainer_s_vs_three_call": 0.65, "trainer_s_vs_drgrpo": 0.8},
         "configurations": summary,
         "runs": runs,

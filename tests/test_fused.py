@@ -222,3 +222,21 @@ def test_fused_update_plan_refuses_what_cannot_keep_groups_whole_naming_the_key(
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             fused_update_plan(plan_config(**actor), TBASettings())
     assert fused_update_plan(plan_config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=160), TBASettings())[0]
+
+
+def test_the_reference_forward_in_the_update_marks_every_missing_row_and_as_many_rows_on_every_rank():
+    from tba_ext.adapters.reference import rows_to_mark
+
+    rng = np.random.default_rng(0)
+    for ranks, per_rank in [(1, 6), (2, 6), (4, 3), (3, 8)]:
+        for _ in range(50):
+            missing = (rng.random(ranks * per_rank) < rng.random()).tolist()
+            marked = rows_to_mark(missing, ranks)
+            assert len(set(marked)) == len(marked)
+            assert {i for i, m in enumerate(missing) if m} <= set(marked)  # every row without log-probs
+            counts = [sum(r * per_rank <= i < (r + 1) * per_rank for i in marked) for r in range(ranks)]
+            most = max(sum(missing[r * per_rank : (r + 1) * per_rank]) for r in range(ranks))
+            assert counts == [most] * ranks  # level with the rank missing most, and no more
+    assert rows_to_mark([False] * 4, 2) == []
+    with pytest.raises(RuntimeError, match="5 rows cannot be split over 2"):
+        rows_to_mark([True] * 5, 2)

@@ -53,6 +53,9 @@ METHODS = [
     (ReplayBufferAsync, "_sync_metadata_from_transfer_queue", None),
     (ReplayBufferAsync, "_select_prompt_uids", None),
     (engine_workers.TrainingWorker, "set_loss_fn", ["self", "loss_fn"]),
+    (engine_workers.TrainingWorker, "train_mini_batch", ["self", "data"]),
+    (engine_workers.TrainingWorker, "infer_batch", ["self", "data"]),
+    (Worker, "query_collect_info", ["self", "mesh_name"]),
     (engine_workers.ActorRolloutRefWorker, "compute_log_prob", ["self", "data"]),
     (engine_workers.ActorRolloutRefWorker, "compute_ref_log_prob", ["self", "data"]),
     (engine_workers.ActorRolloutRefWorker, "update_actor", ["self", "data"]),
@@ -86,6 +89,17 @@ def test_the_fused_update_relies_on_verls_micro_batching_and_loss_plumbing():
     ppo_loss = inspect.getsource(verl_losses.ppo_loss)
     for key in ("dp_size", "batch_num_tokens", "global_batch_size"):
         assert f'config.global_batch_info["{key}"] = data["{key}"]' in ppo_loss, key
+
+
+def test_the_reference_forward_inside_the_update_sits_where_verls_update_and_reference_calls_go():
+    # update_actor calls the actor's train_mini_batch by keyword, so the instance attribute tba-ext sets is the
+    # one that runs; the reference call is the reference engine's infer_batch, its log-probs cut to the response
+    assert "self.actor.train_mini_batch(data=data)" in inspect.getsource(engine_workers.ActorRolloutRefWorker)
+    assert "self.ref.infer_batch(data=data)" in inspect.getsource(engine_workers.ActorRolloutRefWorker)
+    reference = inspect.getsource(PPOTrainer._compute_ref_log_prob)
+    assert 'response_from_nested(data.pop("log_probs"), data["response_mask"])' in reference
+    # the ref_in_actor (LoRA) reference: the actor with its adapter off, asked for by no_lora_adapter
+    assert 'tu.pop(data, key="no_lora_adapter"' in inspect.getsource(engine_workers.TrainingWorker.infer_batch)
 
 
 def test_the_data_parallel_size_is_read_as_verls_dispatch_computes_it():

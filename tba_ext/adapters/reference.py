@@ -164,7 +164,11 @@ def _reference_into_batch(worker, reference, data: TensorDict, ref_in_actor: boo
             keys=[keys[row] for row in rows],
             partition_id=tu.get_non_tensor_data(data=data, key=PARTITION_KEY, default=None),
             fields=TensorDict(
-                {"ref_log_prob": torch.nested.as_nested_tensor(values, layout=torch.jagged)}, batch_size=len(rows)
+                {
+                    "ref_log_prob": torch.nested.as_nested_tensor(values, layout=torch.jagged),
+                    TODO_FIELD: torch.zeros(len(rows), dtype=torch.int8),  # done: the trainer checks it
+                },
+                batch_size=len(rows),
             ),
         )
 
@@ -293,17 +297,8 @@ class ReferenceMixin:
         update's own call (placeholders until it replaces them). verl hands data-parallel rank r the r-th slice
         of the batch; every rank gets as many marked rows, topped up with stored ones."""
         ranks = data_parallel_size(self.actor_rollout_wg, "actor")
-        if len(batch) % ranks:
-            raise RuntimeError(f"tba-ext: {len(batch)} rows cannot be split over {ranks} data-parallel ranks")
-        per_rank = len(batch) // ranks
-        slices = [range(r * per_rank, (r + 1) * per_rank) for r in range(ranks)]
-        missing = [[i for i in rows if batch.keys[i] not in cached] for rows in slices]
-        need = max(len(rows) for rows in missing)
-        todo = sorted(
-            i
-            for rows, own in zip(slices, missing)
-            for i in own + [j for j in rows if batch.keys[j] in cached][: need - len(own)]
-        )
+        todo = rows_to_mark([key not in cached for key in batch.keys], ranks)
+        need = len(todo) // ranks
         marked = torch.zeros(len(batch), dtype=torch.int8)
         marked[todo] = 1
         placeholders = [
@@ -319,10 +314,11 @@ class ReferenceMixin:
             batch_size=len(batch),
         )
         tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
-        batch.extra_info[PARTITION_KEY] = batch.partition_id
-        batch.extra_info[MICRO_BATCH_KEY] = (
-            self._reference_micro_batch(need).get("micro_batch_size_per_gpu") if need else None
-        )
+        # for the update's call (verl's batch meta is rebuilt in between, so _update_actor adds them)
+        self._reference_pass_info = {
+            PARTITION_KEY: batch.partition_id,
+            MICRO_BATCH_KEY: self._reference_micro_batch(need).get("micro_batch_size_per_gpu") if need else None,
+        }
         self._reference_due = [batch.keys[i] for i in todo if batch.keys[i] not in cached]
         metrics["tba/ref_cached_frac"] = len(cached) / max(len(batch), 1)
         metrics["tba/ref_computed_frac"] = len(todo) / max(len(batch), 1)
@@ -333,8 +329,12 @@ class ReferenceMixin:
         """After an update that computed reference log-probs: those of rows without stored ones into the store."""
         keys, self._reference_due = getattr(self, "_reference_due", []), []
         if keys and hasattr(self.replay_buffer, "keep_reference"):
-            values = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["ref_log_prob"])
-            self.replay_buffer.keep_reference(keys, list(values["ref_log_prob"].unbind()))
+            done = tq.kv_batch_get(
+                keys=keys, partition_id=batch.partition_id, select_fields=["ref_log_prob", TODO_FIELD]
+            )
+            if bool(done[TODO_FIELD].any()):  # a placeholder kept as if it were the reference's log-probs
+                raise RuntimeError("tba-ext: the update's call did not store the reference log-probs it computed")
+            self.replay_buffer.keep_reference(keys, list(done["ref_log_prob"].unbind()))
 
     def _reference_micro_batch(self, rows_per_rank: int) -> dict:
         """verl's static micro-batching needs each rank's rows to be a multiple of the micro-batch: the largest
@@ -408,6 +408,22 @@ class ReferenceMixin:
             )
             if hasattr(self.replay_buffer, "reference_changed"):  # stored log-probs are of the lost reference
                 self.replay_buffer.reference_changed()
+
+
+def rows_to_mark(missing: list[bool], ranks: int) -> list[int]:
+    """The rows whose reference forward runs inside the update: every row ``missing`` its log-probs, and on each
+    data-parallel rank (verl hands rank r the r-th contiguous slice) as many stored rows as bring it level with
+    the rank missing most, so every rank runs the same forward (its collectives must match)."""
+    if len(missing) % ranks:
+        raise RuntimeError(f"tba-ext: {len(missing)} rows cannot be split over {ranks} data-parallel ranks")
+    per_rank = len(missing) // ranks
+    slices = [range(r * per_rank, (r + 1) * per_rank) for r in range(ranks)]
+    need = max(sum(missing[i] for i in rows) for rows in slices)
+    marked = []
+    for rows in slices:
+        own = [i for i in rows if missing[i]]
+        marked += sorted(own + [i for i in rows if not missing[i]][: need - len(own)])
+    return marked
 
 
 def _searcher_reference(batch: KVBatchMeta) -> dict[str, torch.Tensor]:

@@ -197,6 +197,8 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         )
         if not actor.use_dynamic_bsz:  # verl's micro-batch is then micro_batch_size_per_gpu groups
             batch.extra_info["micro_batch_size_per_gpu"] = int(actor.ppo_micro_batch_size_per_gpu) // n
+        if self.ref_in_update:  # where the reference forward of the marked rows writes, and its micro-batch
+            batch.extra_info.update(self._reference_pass_info)
         batch = super()._update_actor(batch, metrics)
         self._keep_reference_from_update(batch)
         for key in fused.BATCH_METRICS:  # the names verl's three-call pipeline reports them under
