@@ -283,7 +283,8 @@ RENDERERS = {
     "trainer_passes_searcher_ref": (
         "Trainer cost per update, tb: the searcher's reference log-probs against the trainer's reference forward "
         "(inside the update's call, and in a call of its own)",
-        "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_fused tb_fused_ref_call tb_three_call drgrpo",
+        "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_fused tb_fused_ref_call tb_fused_ema_ref "
+        "tb_three_call drgrpo",
         trainer_passes,
     ),
     "async_speedup": (
