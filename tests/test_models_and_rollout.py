@@ -265,6 +265,28 @@ def test_server_refuses_a_missing_model_dir(tmp_path):
         HFCPUServer(str(tmp_path / "nope"), 32, 8, 0)
 
 
+@pytest.mark.parametrize(
+    "model,refused",
+    [
+        ({"lora_rank": 8, "lora": {"merge": False}}, True),
+        ({"lora_rank": 0, "lora": {"rank": 8}}, True),
+        ({"lora_rank": 0, "lora_adapter_path": "/adapter", "lora": {}}, True),
+        ({"lora_rank": 8, "lora": {"merge": True}}, False),
+        ({"lora_rank": 0, "lora": {"merge": False}}, False),
+    ],
+)
+def test_hfcpu_takes_a_lora_run_only_with_the_adapter_merged(model, refused):
+    """verl sends a LoRA run's adapter on its own unless model.lora.merge: hfcpu loads full weights only, so the
+    preflight refuses, naming the key."""
+    from tba_ext.cpu.hf_rollout import check_hfcpu_lora
+
+    if refused:
+        with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.lora\.merge=True"):
+            check_hfcpu_lora(model)
+    else:
+        check_hfcpu_lora(model)
+
+
 @pytest.mark.e2e  # starts Ray: the unit lane does not
 def test_weight_mailbox_hands_the_receiver_the_version_it_waits_for():
     """The CPU checkpoint engine's receiver blocks until its version is published (no poll interval added to

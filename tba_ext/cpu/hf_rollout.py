@@ -40,6 +40,16 @@ logger = logging.getLogger(__name__)
 SERVER_NAME = "tba_hfcpu_server_{replica_rank}"
 
 
+def check_hfcpu_lora(model: dict) -> None:
+    """hfcpu loads full weights only; verl sends a LoRA run's adapter on its own unless it merges it first."""
+    rank = model.get("lora_rank", 0) or (model.get("lora") or {}).get("rank", 0)
+    if (rank or model.get("lora_adapter_path")) and not (model.get("lora") or {}).get("merge", False):
+        raise ValueError(
+            "actor_rollout_ref.rollout.name=hfcpu takes full weights: a LoRA run on it needs "
+            "actor_rollout_ref.model.lora.merge=True (verl then merges the adapter before each weight sync)"
+        )
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -476,6 +486,10 @@ class HFCPUServerAdapter(BaseRollout):
     ):
         if wire_format != "named_tensors":
             raise ValueError(f"hfcpu rollout takes full named tensors, not {wire_format!r}")
+        if kwargs.get("peft_config") is not None:  # a LoRA adapter alone (verl's run started without preflight)
+            raise ValueError(
+                "hfcpu rollout takes full weights, not a LoRA adapter: set actor_rollout_ref.model.lora.merge=True"
+            )
         from tba_ext.cpu.ray_checkpoint_engine import full_cpu_state
 
         state = full_cpu_state(weights)  # drained on every rank; the leader ships the copy

@@ -65,6 +65,7 @@ def load_tokenizer(path: str):
 def preflight(cfg) -> None:
     """Every check that can fail before Ray starts, each naming the key or path at fault."""
     from tba_ext.adapters.checks import check_tba_run
+    from tba_ext.cpu.hf_rollout import check_hfcpu_lora
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
     from tba_ext.tasks.data import check_chat_template, check_dataset
@@ -87,6 +88,8 @@ def preflight(cfg) -> None:
             f"actor_rollout_ref.rollout.name={rollout} needs a GPU build; on this CPU host use hfcpu "
             "(or vllm with vllm-cpu installed; or set TBA_EXT_CPU_RUNTIME=off on a GPU machine)"
         )
+    if rollout == "hfcpu":
+        check_hfcpu_lora(plain["actor_rollout_ref"]["model"])
     if cpu_runtime_active() and rollout == "vllm":
         check_vllm_cpu_model(plain["actor_rollout_ref"]["model"]["path"])
     if cpu_runtime_active() and plain["actor_rollout_ref"]["actor"]["strategy"] != "fsdp2":
