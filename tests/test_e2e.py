@@ -315,10 +315,10 @@ def test_tb_pg_weights_stale_tokens_by_the_ratio_to_the_searchers_policy(tiny_ru
 def test_a_lora_runs_reference_is_the_base_model_computed_inside_the_update(tiny_run, tmp_path, margin):
     """LoRA (ref_in_actor: the reference is the actor with its adapter off) with the fused update: the reference
     forward of every row (all fresh: no replay store, and the searchers send no reference log-probs) runs inside
-    the update's own call, with the adapter off. LoRA's B starts at zero, so at step 1 the adapted policy is the base model and the KL is 0 (a
-    placeholder left in the update would make it the sequences' log-prob, several nats); once the adapter has
-    moved the KL is not 0 (the adapter left on would keep it at exactly 0: every row is computed with the weights
-    it is trained at)."""
+    the update's own call, with the adapter off. LoRA's B starts at zero, so at step 1 the adapted policy is the
+    base model and the KL is 0 (a placeholder left in the update would make it the sequences' log-prob, several
+    nats); once the adapter has moved the KL is not 0 (the adapter left on would keep it at exactly 0: every row
+    is computed with the weights it is trained at)."""
     metrics = tmp_path / "metrics.jsonl"
     run_verl(
         "cpu_tb",
@@ -334,9 +334,10 @@ def test_a_lora_runs_reference_is_the_base_model_computed_inside_the_update(tiny
         log_path=str(tmp_path / "verl.log"),
         metrics_path=str(metrics),
     )
-    assert "reference log-probs of rows without stored ones: computed inside the update's own call" in (
-        tmp_path / "verl.log"
-    ).read_text()
+    assert (
+        "reference log-probs of rows without stored ones: computed inside the update's own call"
+        in (tmp_path / "verl.log").read_text()
+    )
     records = read_metrics(metrics)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert series(records, "tba/trainer_calls_per_update") == [1.0] * 3
