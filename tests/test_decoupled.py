@@ -114,6 +114,7 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
     assert data[-1]["tba/searchers_alive"] == 2  # the killed one was replaced
     for i in (0, 1):  # per-searcher figures, for both
         assert any(d.get(f"tba/searcher_{i}/generated_per_s", 0) > 0 for d in data), i
+        assert any(d.get(f"tba/searcher_{i}/rows_per_batch", 0) >= 1 for d in data), i
         assert all(0.0 <= d.get(f"tba/searcher_{i}/idle_ratio", 0.0) <= 1.0 for d in data)
     assert all(0.0 <= d["tba/trainer_idle_ratio"] <= 1.0 for d in data)
     # the restarted searcher serves stamped weights: every trajectory it produced carries a version

@@ -5,15 +5,17 @@ import pytest
 from tba_ext.adapters.trainer_metrics import searcher_rates
 
 
-def counters(generated, busy):
-    return {"generated": generated, "busy_seconds": busy}
+def counters(generated, busy, batches=0):
+    return {"generated": generated, "busy_seconds": busy, "batches": batches}
 
 
 def test_searcher_rates_between_two_reads():
-    before = [counters(10, 1.0), counters(4, 0.5)]
-    now = [counters(30, 2.5), counters(8, 0.5)]
+    before = [counters(10, 1.0, 2), counters(4, 0.5, 1)]
+    now = [counters(30, 2.5, 7), counters(8, 0.5, 1)]
     m = searcher_rates(before, now, wall=2.0)
     assert m["tba/searcher_0/generated_per_s"] == 10.0 and m["tba/searcher_1/generated_per_s"] == 2.0
+    assert m["tba/searcher_0/rows_per_batch"] == 4.0  # 20 rows in 5 batches
+    assert "tba/searcher_1/rows_per_batch" not in m  # 4 rows counted, no batch finished: not measured
     assert m["tba/searcher_0/idle_ratio"] == pytest.approx(0.25) and m["tba/searcher_1/idle_ratio"] == 1.0
     assert m["tba/trajectories_generated_per_s"] == 12.0
     assert m["tba/searcher_idle_ratio"] == pytest.approx(0.625)

@@ -86,8 +86,9 @@ class TrainerMetricsMixin:
 
 
 def searcher_rates(before: list[dict | None], now: list[dict | None], wall: float) -> dict[str, float]:
-    """Per-searcher idle ratio and generation rate between two reads of the servers' counters. A searcher dead
-    at either read, restarted since (its counters began again) or without counters is not measured."""
+    """Per-searcher idle ratio, generation rate and rows per generation batch between two reads of the servers'
+    counters. A searcher dead at either read, restarted since (its counters began again) or without counters is
+    not measured."""
     metrics, idle, made = {}, [], 0
     if len(before) != len(now):
         return metrics
@@ -98,6 +99,9 @@ def searcher_rates(before: list[dict | None], now: list[dict | None], wall: floa
         made += cur["generated"] - old["generated"]
         metrics[f"tba/searcher_{i}/idle_ratio"] = idle[-1]
         metrics[f"tba/searcher_{i}/generated_per_s"] = (cur["generated"] - old["generated"]) / wall
+        batches = cur.get("batches", 0) - old.get("batches", 0)
+        if batches > 0:  # a CPU generation step costs nearly as much for a few rows as for many
+            metrics[f"tba/searcher_{i}/rows_per_batch"] = (cur["generated"] - old["generated"]) / batches
     if idle:
         metrics["tba/searcher_idle_ratio"] = sum(idle) / len(idle)
         metrics["tba/trajectories_generated_per_s"] = made / wall
