@@ -96,12 +96,12 @@ def searcher_rates(before: list[dict | None], now: list[dict | None], wall: floa
         if not cur or not old or cur["generated"] < old["generated"]:
             continue
         idle.append(max(0.0, 1.0 - (cur["busy_seconds"] - old["busy_seconds"]) / wall))
-        made += cur["generated"] - old["generated"]
+        rows, batches = cur["generated"] - old["generated"], cur["batches"] - old["batches"]
+        made += rows
         metrics[f"tba/searcher_{i}/idle_ratio"] = idle[-1]
-        metrics[f"tba/searcher_{i}/generated_per_s"] = (cur["generated"] - old["generated"]) / wall
-        batches = cur.get("batches", 0) - old.get("batches", 0)
+        metrics[f"tba/searcher_{i}/generated_per_s"] = rows / wall
         if batches > 0:  # a CPU generation step costs nearly as much for a few rows as for many
-            metrics[f"tba/searcher_{i}/rows_per_batch"] = (cur["generated"] - old["generated"]) / batches
+            metrics[f"tba/searcher_{i}/rows_per_batch"] = rows / batches
     if idle:
         metrics["tba/searcher_idle_ratio"] = sum(idle) / len(idle)
         metrics["tba/trajectories_generated_per_s"] = made / wall

@@ -42,8 +42,8 @@ SERVER_NAME = "tba_hfcpu_server_{replica_rank}"
 
 def check_hfcpu_lora(model: dict) -> None:
     """hfcpu loads full weights only; verl sends a LoRA run's adapter on its own unless it merges it first."""
-    rank = model.get("lora_rank", 0) or (model.get("lora") or {}).get("rank", 0)
-    if (rank or model.get("lora_adapter_path")) and not (model.get("lora") or {}).get("merge", False):
+    lora = model.get("lora") or {}
+    if (model.get("lora_rank", 0) or lora.get("rank", 0) or model.get("lora_adapter_path")) and not lora.get("merge"):
         raise ValueError(
             "actor_rollout_ref.rollout.name=hfcpu takes full weights: a LoRA run on it needs "
             "actor_rollout_ref.model.lora.merge=True (verl then merges the adapter before each weight sync)"
