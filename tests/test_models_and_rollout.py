@@ -110,6 +110,39 @@ async def _gather(server, ids, params, n):
     return await asyncio.gather(*[server.generate(ids, dict(params), f"r{i}") for i in range(n)])
 
 
+def test_min_batch_joins_requests_that_trickle_in_and_never_holds_a_short_batch_forever(tiny_run, monkeypatch):
+    """Requests arriving in waves further apart than the join window: without ``min_batch`` each wave is its own
+    generation batch; with it they run as one batch; fewer requests than ``min_batch`` still run after the wait."""
+    from tba_ext.cpu.hf_rollout import HFCPUServer
+
+    ids = list(prompt_ids(tiny_run))
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    gap = 3 * HFCPUServer.JOIN_QUIET_S
+
+    async def waves(server, sizes):
+        tasks = []
+        for wave, size in enumerate(sizes):
+            if wave:
+                await asyncio.sleep(gap)
+            tasks += [asyncio.ensure_future(server.generate(ids, dict(params), f"w{wave}r{i}")) for i in range(size)]
+        outs = await asyncio.gather(*tasks)
+        return outs, await server.stats()
+
+    def serve(min_batch, sizes):
+        server = HFCPUServer(str(tiny_run / "model"), 32, 8, seed=0, min_batch=min_batch)
+        return asyncio.run(asyncio.wait_for(waves(server, sizes), 120))
+
+    _, alone = serve(0, [4, 4, 4])
+    assert alone["batches"] >= 2  # the waves do arrive apart
+    outs, joined = serve(12, [4, 4, 4])
+    assert joined["batches"] == 1 and joined["generated"] == 12 and len(outs) == 12
+    monkeypatch.setattr(HFCPUServer, "MIN_BATCH_WAIT_S", 4 * gap)
+    outs, short = serve(12, [4])  # the queue never reaches min_batch: the 4 requests run after the wait
+    assert short["batches"] == 1 and len(outs) == 4 and all(o.token_ids for o in outs)
+    with pytest.raises(ValueError, match="custom.min_batch_prompts"):
+        HFCPUServer(str(tiny_run / "model"), 32, 8, seed=0, max_batch=8, min_batch=9)
+
+
 def test_a_requests_sample_depends_on_its_seed_not_on_its_batch(tiny_run):
     """Per-request seeds: the k-th request for a prompt gets the same tokens whether it runs alone or among other
     prompts, the n requests of one prompt differ from each other, and the draws follow the model's distribution."""
