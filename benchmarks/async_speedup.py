@@ -169,8 +169,13 @@ class CoreUse:
             try:
                 proc = psutil.Process(pid)
                 times = proc.cpu_times()
-                if self.kinds.get(pid) in (None, *GENERIC_KINDS):  # a worker's first actor class is final
-                    self.kinds[pid] = same_process_kind(process_kind(proc), self.kinds.get(pid))
+                known = self.kinds.get(pid)
+                # a worker's first actor class of the run's roles is final; Ray may first run a plain task in a
+                # process that then hosts one of the run's actors (the agent loop), which takes that actor's role
+                if known in (None, *GENERIC_KINDS) or process_role(known) == OTHER_RAY:
+                    kind = process_kind(proc)
+                    named = process_role(kind) not in (OTHER_RAY, SYSTEM)
+                    self.kinds[pid] = kind if named else same_process_kind(kind, known)
             except psutil.Error:
                 continue
             self.last_cpu[pid] = times.user + times.system

@@ -143,6 +143,27 @@ def test_min_batch_joins_requests_that_trickle_in_and_never_holds_a_short_batch_
         HFCPUServer(str(tiny_run / "model"), 32, 8, seed=0, max_batch=8, min_batch=9)
 
 
+@pytest.mark.parametrize("searchers, expected", [(1, 16 * 4), (2, 16 * 4 // 2)])
+def test_a_decoupled_searcher_waits_for_its_share_of_one_dispatch(searchers, expected):
+    """The decoupled config's ``min_batch_prompts`` is the data fetch (train_batch_size = 16 prompts, n = 4):
+    each of N searchers waits for 1/N of its requests (verl's load balancer spreads them); sync runs do not wait."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from tba_ext.cpu.hf_rollout import HFCPUReplica
+    from tba_ext.tools.config import compose
+
+    def min_batch(name, *overrides):
+        cfg = compose(name, ["run_dir=/nonexistent", *overrides])
+        rollout = OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True)
+        return HFCPUReplica._min_batch(SimpleNamespace(config=SimpleNamespace(**rollout), world_size=1))
+
+    decoupled = ["actor_rollout_ref.rollout.n=4", f"actor_rollout_ref.rollout.n_gpus_per_node={searchers}"]
+    assert min_batch("cpu_tba_decoupled", *decoupled) == expected
+    assert min_batch("cpu_tba", "actor_rollout_ref.rollout.n=4") == 0
+
+
 def test_a_requests_sample_depends_on_its_seed_not_on_its_batch(tiny_run):
     """Per-request seeds: the k-th request for a prompt gets the same tokens whether it runs alone or among other
     prompts, the n requests of one prompt differ from each other, and the draws follow the model's distribution."""

@@ -5,7 +5,8 @@ gives the agent loop what vLLM gives it: token ids, sampled-token log-probs at t
 (log_softmax(logits / T), vLLM's "processed" log-probs), a stop reason and the weight version
 (``global_steps``), and it takes weight updates from the trainer. Concurrent requests are batched: the
 server collects every request that arrives while a batch is generating, and those of one dispatch still
-arriving, and runs them together.
+arriving, and runs them together; with ``rollout.custom.min_batch_prompts`` (the decoupled configs) a batch first
+waits, up to 2 s, for this searcher's share of one dispatch.
 """
 
 from __future__ import annotations
@@ -468,14 +469,21 @@ class HFCPUReplica(RolloutReplica):
             seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,
             reference=bool((getattr(self.config, "custom", None) or {}).get("reference_logprobs", False)),
             ignore_eos=bool(getattr(self.config, "ignore_eos", False)),
-            # one dispatch of prompts, n requests each (custom.min_batch_prompts: the decoupled configs' data fetch)
-            min_batch=int((getattr(self.config, "custom", None) or {}).get("min_batch_prompts", 0) or 0)
-            * int(getattr(self.config, "n", 1) or 1),
+            min_batch=self._min_batch(),
         )
         await server.stats.remote()  # fail here, with the server's own error, if the model cannot load
         self.servers = [server]
         self._server_handle = server
         self._server_address = f"hfcpu-replica-{self.replica_rank}{self.name_suffix}"
+
+    def _min_batch(self) -> int:
+        """This searcher's share of one dispatch's requests: ``custom.min_batch_prompts`` (the decoupled configs: one
+        data fetch) x ``rollout.n``, over the standalone pool's searchers, among which verl's load balancer spreads
+        the requests (least in flight first)."""
+        prompts = int((getattr(self.config, "custom", None) or {}).get("min_batch_prompts", 0) or 0)
+        pool = int(getattr(self.config, "nnodes", 1) or 1) * int(getattr(self.config, "n_gpus_per_node", 1) or 1)
+        searchers = max(1, pool // max(1, self.world_size))
+        return prompts * int(getattr(self.config, "n", 1) or 1) // searchers
 
     def rollout_worker_use_gpu(self) -> bool:
         return False
