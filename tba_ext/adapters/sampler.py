@@ -172,9 +172,11 @@ class TBAReplaySampler(ReplayBufferAsync):
         metrics, ingest = {}, {"ingested": 0, "rejected": 0, "ingested_prompts": 0}
         next_progress = 0.0
         short_of_prompts = False  # this update waited for the store to hold B distinct prompts again
+        start, ingest_s, draw_s = time.perf_counter(), 0.0, 0.0  # where the trainer's data wait goes
         while True:
             sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
             metrics.update(evictions)
+            ingest_start = time.perf_counter()
             # by default oldest first, at most a batch per update (verl's order): groups generated ahead of
             # training wait in TransferQueue, so generation ahead (colocate_async) makes the fresh data as stale
             # for TB as it is for verl's own samplers. Free-running searchers (min_fresh_groups set) produce at
@@ -186,13 +188,16 @@ class TBAReplaySampler(ReplayBufferAsync):
             )
             for key, value in self._ingest(partition_id, take).items():
                 ingest[key] += value
+            ingest_s += time.perf_counter() - ingest_start
             if not self.initial_buffer_filled and self.store.num_prompts >= min_buffer:
                 self.initial_buffer_filled = True
             if self.initial_buffer_filled:
                 k = self.group_size or self.largest_group
                 # where every finished group enters the store, the batch waits for B distinct prompts: the
                 # staleness cap can leave fewer (searchers slowed, restarted, or outrun by the trainer)
+                draw_start = time.perf_counter()
                 report = self.sampler.sample_groups(batch_size, k, current_version, distinct=free_running)
+                draw_s += time.perf_counter() - draw_start
                 if not report.missing:
                     break
                 short_of_prompts = short_of_prompts or (free_running and len(self.store) > 0)
@@ -216,6 +221,7 @@ class TBAReplaySampler(ReplayBufferAsync):
                 )
             need = 1
             time.sleep(self.poll_interval)
+        serve_start = time.perf_counter()
         keys, tags, rows = [], [], []
         self.served = {}
         for group in report.groups:
@@ -230,6 +236,12 @@ class TBAReplaySampler(ReplayBufferAsync):
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
         metrics.update(self._metrics(report, current_version, ingest))
         metrics["replay/short_of_prompts"] = float(short_of_prompts)
+        end = time.perf_counter()
+        metrics["replay/ingest_s"] = ingest_s  # finished groups out of TransferQueue into the store
+        metrics["replay/draw_s"] = draw_s  # the sampling rule
+        metrics["replay/serve_s"] = end - serve_start  # the drawn rows rebuilt and written back to TransferQueue
+        # the rest: TransferQueue's metadata polls, and waiting for generation or the initial buffer
+        metrics["replay/wait_s"] = serve_start - start - ingest_s - draw_s
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     # -- reference log-probs, kept with the trajectories (TrajectoryStore.reference_version) ---------------
