@@ -78,6 +78,12 @@ def test_verl_symbol_has_the_signature_tba_ext_uses(owner, name, params):
         assert list(signature.parameters)[: len(params)] == params, f"{owner.__name__}.{name}{signature}"
 
 
+def test_a_step_keeps_its_stage_timings_in_self_timing_raw():
+    # the decoupled trainer times its searcher top-ups into the step's timing dict (timing_s/top_up)
+    source = inspect.getsource(PPOTrainer.fit)
+    assert "self.timing_raw = {}" in source and "self.step(metrics, self.timing_raw)" in source
+
+
 def test_the_fused_update_relies_on_verls_micro_batching_and_loss_plumbing():
     # force_group_size keeps consecutive rows together (static and dynamic micro-batching)
     assert "force_group_size" in inspect.getsource(engine_utils.prepare_micro_batches)

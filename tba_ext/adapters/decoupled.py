@@ -18,6 +18,7 @@ import time
 import ray
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.utils.debug import marked_timer
 from verl.utils.ray_utils import auto_await
 
 from tba_ext.adapters.llm_client import ReferenceKeepingClient
@@ -110,8 +111,6 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
         self._sync_phase_s = dict.fromkeys(self.SYNC_PHASES, 0.0)
         if self.tba.searcher_queue_prompts is not None:  # how far generation runs ahead of consumption
             metrics["tba/searcher_prompts_ahead"] = self._submitted_prompts - self._consumed_prompts
-            metrics["tba/top_up_s"] = self._top_up_s  # queueing prompts for the searchers, part of the data wait
-            self._top_up_s = 0.0
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
     def _add_batch_to_generate(self):
@@ -122,15 +121,13 @@ class TBATrainerSeparateAsync(TBATrainerMixin, PPOTrainerSeparateAsync):
     # prompts handed to the searchers and prompts the trainer sampled, since the start (searcher pacing)
     _submitted_prompts = 0
     _consumed_prompts = 0
-    _top_up_s = 0.0
 
     def on_sample_begin(self):
         super().on_sample_begin()
         if self.tba.searcher_queue_prompts is not None:
             self._consumed_prompts += self.config.data.train_batch_size // self.parameter_sync_step
-            start = time.perf_counter()
-            self._top_up_searchers()
-            self._top_up_s += time.perf_counter() - start
+            with marked_timer("top_up", self.timing_raw):  # part of the data wait: timing_s/top_up
+                self._top_up_searchers()
 
     def _add_prompts_to_generate(self, num_prompts: int) -> int:
         added = super()._add_prompts_to_generate(num_prompts)  # warm-up, top-ups and verl's refills alike
