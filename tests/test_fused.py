@@ -23,10 +23,11 @@ from tba_ext.core.settings import TBASettings
 class ActorConfig(LossConfig):
     """The ActorConfig attributes the fused loss reads (verl hands it the worker's actor config)."""
 
-    def __init__(self, loss_agg_mode="seq-mean-token-sum-norm"):
+    def __init__(self, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=8, entropy_coeff=0.0):
         super().__init__(global_batch_size=None)
         self.loss_agg_mode = loss_agg_mode
-        self.loss_scale_factor = None
+        self.loss_scale_factor = self.global_batch_info["loss_scale_factor"] = loss_scale_factor
+        self.entropy_coeff = entropy_coeff
 
 
 def group_batch(n_groups, k, length, seed, shuffle=True):
@@ -81,7 +82,7 @@ def engine_inputs(theta, ref, rollout, mask, reward, groups, beta, mode, rows, g
         dp_size=dp_size,
         batch_num_tokens=int(mask.sum()),
         global_batch_size=global_batch_size,
-        **{fused.BETA_KEY: beta, fused.MODE_KEY: mode},
+        **{fused.BETA_KEY: beta, fused.MODE_KEY: mode, fused.GROUP_SIZE_KEY: int(torch.bincount(groups).max())},
     )
     return {"log_probs": log_probs}, data
 
@@ -184,7 +185,7 @@ def test_fused_tb_pg_equals_the_three_call_update_at_theta_old_with_the_ratio_to
     assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     assert torch.allclose(g_ours, g_theirs, rtol=1e-5, atol=1e-6)
     clipfrac = our_metrics[0]["tb_pg/is_ratio_clipfrac"].values[0]
-    assert clipfrac == pytest.approx(their_metrics["tb_pg/is_ratio_clipfrac"])
+    assert clipfrac == pytest.approx(float(their_metrics["tb_pg/is_ratio_clipfrac"]))
 
 
 def test_a_group_split_across_micro_batches_is_refused():
@@ -192,6 +193,39 @@ def test_a_group_split_across_micro_batches_is_refused():
     theta = batch[0].clone().requires_grad_()
     with pytest.raises(RuntimeError, match="split across micro-batches"):
         fused_loss(theta, batch, 0.1, "tb", [[0, 1, 2, 3, 4, 5], [6, 7]])
+
+
+def test_tb_pg_is_the_same_update_for_any_split_into_micro_batches_of_uneven_lengths():
+    """One micro-batch or one per group (each padded to its own longest response): the same loss and gradient with
+    a constant loss_scale_factor; verl's default (each micro-batch over its own padded length) is refused."""
+    beta = 0.05
+    batch = group_batch(4, 3, 9, seed=8)
+    old, _, _, mask, _, groups = batch
+    assert len(set(mask.sum(-1).tolist())) > 3  # uneven lengths: the micro-batches pad differently
+    splits = ([list(range(4))], [[g] for g in range(4)], [[0, 3], [1, 2]])
+    results = []
+    for split in splits:
+        theta = old.clone().requires_grad_()
+        loss, _ = fused_loss(theta, batch, beta, "tb_pg", [rows_of(groups, s) for s in split])
+        results.append((loss.detach(), torch.autograd.grad(loss, theta)[0]))
+    for loss, grad in results[1:]:
+        assert torch.allclose(loss, results[0][0], rtol=1e-6, atol=1e-7)
+        assert torch.allclose(grad, results[0][1], rtol=1e-5, atol=1e-7)
+    theta = old.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="loss_scale_factor unset"):
+        fused_loss(theta, batch, beta, "tb_pg", [list(range(len(groups)))], config=ActorConfig(loss_scale_factor=None))
+
+
+def test_what_the_fused_loss_cannot_honour_is_refused_at_run_time_naming_the_key():
+    batch = group_batch(2, 4, 5, seed=1)
+    theta = batch[0].clone().requires_grad_()
+    with pytest.raises(RuntimeError, match=r"actor_rollout_ref\.actor\.entropy_coeff=0\.01"):
+        fused_loss(theta, batch, 0.1, "tb", [list(range(8))], config=ActorConfig(entropy_coeff=0.01))
+    # whole groups, but not of rollout.n (the searchers returned 4 where the run asked 5)
+    out, data = engine_inputs(theta, *batch[1:], 0.1, "tb", list(range(8)), global_batch_size=8)
+    tu.assign_non_tensor(data, **{fused.GROUP_SIZE_KEY: 5})
+    with pytest.raises(RuntimeError, match=r"sizes \[4\].*rollout\.n=5"):
+        fused.fused_tb_loss(ActorConfig(), out, data)
 
 
 def plan_config(**actor):
@@ -217,6 +251,7 @@ def test_fused_update_plan_refuses_what_cannot_keep_groups_whole_naming_the_key(
         "ppo_micro_batch_size_per_gpu=6": dict(ppo_micro_batch_size_per_gpu=6),
         "ppo_max_token_len_per_gpu=100": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=100),
         "ppo_mini_batch_size=3": dict(ppo_mini_batch_size=3),
+        "entropy_coeff=0.01": dict(entropy_coeff=0.01),
     }
     for key, actor in refusals.items():
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):

@@ -89,6 +89,8 @@ def test_shipped_tb_pg_config_takes_the_ratio_against_the_rollout_policy(tb_pg_c
         ("algorithm.rollout_correction.rollout_is_threshold", 2.0, "rollout_is_threshold"),
         ("algorithm.rollout_correction.rollout_is_batch_normalize", True, "rollout_is_batch_normalize"),
         ("actor_rollout_ref.rollout.calculate_log_probs", False, "calculate_log_probs"),
+        # verl's default: each micro-batch divided by its own padded length (the gradient depends on the split)
+        ("actor_rollout_ref.actor.loss_scale_factor", None, "loss_scale_factor, which is unset"),
     ],
 )
 def test_tb_pg_without_the_rollout_ratio_is_refused(tb_pg_config, key, value, message):
@@ -149,6 +151,17 @@ def test_a_reference_update_that_cannot_run_is_refused_at_start_up(tb_config, ch
     with pytest.raises(ValueError, match=message):
         check_reference_updates(cfg, parse_settings({"ref_reset_every": 50}))
     check_reference_updates(cfg, parse_settings({}))  # no reference update asked: nothing to refuse
+
+
+def test_a_reference_update_inside_one_update_call_is_refused(tb_config):
+    """verl runs a call's mini-batches back to back inside the workers; the reference moves between calls."""
+    two_per_call = with_change(tb_config, "data.train_batch_size", 16)  # 2 mini-batches of 8 prompts per call
+    with pytest.raises(ValueError, match=r"tba\.ref_reset_every=3 would fall inside one update_actor call of 2"):
+        check_reference_updates(two_per_call, parse_settings({"ref_reset_every": 3}))
+    check_reference_updates(two_per_call, parse_settings({"ref_reset_every": 4}))
+    decoupled = with_change(two_per_call, "trainer.v1.trainer_mode", "tba_separate_async")
+    decoupled = with_change(decoupled, "trainer.v1.separate_async.parameter_sync_step", 2)  # one call per update
+    check_reference_updates(decoupled, parse_settings({"ref_reset_every": 1, "ref_ema": 0.9}))
 
 
 def test_reference_ema_settings(tb_config):

@@ -19,7 +19,7 @@ from tba_ext.core.settings import (
     parse_replay_settings,
     parse_settings,
 )
-from tba_ext.core.steps import dataloader_fetch
+from tba_ext.core.steps import dataloader_fetch, scheduler_updates_per_call
 
 
 def check_tb_run(cfg: Mapping[str, Any]) -> None:
@@ -58,6 +58,13 @@ def check_tb_run(cfg: Mapping[str, Any]) -> None:
         raise ValueError("TB takes no importance weights: set algorithm.rollout_correction.rollout_is=null")
     if loss_mode == "tb_pg":
         check_tb_pg_importance_weights(correction, actor.get("policy_loss", {}), rollout)
+        if actor.get("loss_agg_mode") == "seq-mean-token-sum-norm" and actor.get("loss_scale_factor") is None:
+            raise ValueError(
+                "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm divides by "
+                "actor_rollout_ref.actor.loss_scale_factor, which is unset: verl then divides each micro-batch by "
+                "its own padded length and the gradient depends on how the batch is split; set it to a constant "
+                "(data.max_response_length, as Dr. GRPO does)"
+            )
     if actor.get("use_kl_loss", False):
         raise ValueError("TB carries its KL term in the reward: set actor_rollout_ref.actor.use_kl_loss=False")
 
@@ -73,6 +80,14 @@ def check_reference_updates(cfg: Mapping[str, Any], settings: TBASettings) -> No
                 "tba.ref_reset_every (1 = after every update)"
             )
         return
+    per_call = max(scheduler_updates_per_call(cfg), 1)
+    if settings.ref_reset_every % per_call:
+        raise ValueError(
+            f"tba.ref_reset_every={settings.ref_reset_every} would fall inside one update_actor call of {per_call} "
+            "optimizer updates (data.train_batch_size / actor_rollout_ref.actor.ppo_mini_batch_size x ppo_epochs, "
+            "per trainer.v1.separate_async.parameter_sync_step in tba_separate_async); the reference moves between "
+            f"calls: set tba.ref_reset_every to a multiple of {per_call}"
+        )
     aro = cfg["actor_rollout_ref"]
     for role in ("actor", "ref"):
         strategy = (aro.get(role) or {}).get("strategy", "fsdp")
@@ -135,6 +150,11 @@ def fused_update_plan(cfg: Mapping[str, Any], settings: TBASettings) -> tuple[bo
             "update needs the FSDP engine's force_group_size micro-batching"
         )
     prefix = "actor_rollout_ref.actor."
+    if float(actor.get("entropy_coeff") or 0.0) != 0.0:
+        raise ValueError(
+            f"{prefix}entropy_coeff={actor['entropy_coeff']}: the fused TB update has no entropy term; set it to 0 "
+            "(or tba.fused_update=false for verl's three-call update with its entropy bonus)"
+        )
     if actor.get("shuffle", False):
         raise ValueError(
             f"{prefix}shuffle=True splits prompt groups across mini-batches; the fused TB update takes "

@@ -25,10 +25,11 @@ from tba_ext.core import tb
 from tba_ext.core.settings import IS_RATIO_MAX
 
 # extra_info keys the trainer sets on the batch it hands to update_actor
-BETA_KEY, MODE_KEY, GROUP_FIELD = "tba_beta", "tba_loss_mode", "tba_group"
+BETA_KEY, MODE_KEY, GROUP_SIZE_KEY, GROUP_FIELD = "tba_beta", "tba_loss_mode", "tba_group_size", "tba_group"
 # statistics of the batch that the three-call path computes on the driver (tb/*); the trainer moves them out of
 # verl's actor/ namespace, where the rest of the loss's metrics stay (actor/tb/residual_var, actor/tb_pg/*)
 BATCH_METRICS = ("tb/kl", "tb/log_z", "tb/mean_abs_advantage")
+_BAD_GROUPS = "tba/groups_not_whole"  # the run-time guard, read back with the metrics
 
 
 def _global_batch_info(config, data) -> dict:
@@ -41,68 +42,116 @@ def _global_batch_info(config, data) -> dict:
     return config.global_batch_info
 
 
-def fused_tb_loss(config, model_output, data, dp_group=None):
-    """verl engine loss (``set_loss_fn``) for ``loss_mode`` tb and tb_pg, computed from this forward alone.
+def _refuse_unhonoured(config, mode) -> None:
+    """What the fused loss cannot honour, refused where a config got past the start-up checks (``checks``)."""
+    prefix = "actor_rollout_ref.actor."
+    if float(getattr(config, "entropy_coeff", 0.0) or 0.0) != 0.0:
+        raise RuntimeError(
+            f"tba-ext fused update: {prefix}entropy_coeff={config.entropy_coeff} has no term in the fused TB loss; "
+            "set it to 0 (or tba.fused_update=false for verl's entropy bonus)"
+        )
+    if mode == "tb_pg" and config.loss_agg_mode == "seq-mean-token-sum-norm" and config.loss_scale_factor is None:
+        raise RuntimeError(
+            f"tba-ext fused update: {prefix}loss_agg_mode=seq-mean-token-sum-norm with {prefix}loss_scale_factor "
+            "unset divides each micro-batch by its own padded length; set it (data.max_response_length)"
+        )
 
+
+def fused_terms(config, log_prob, padded, beta: float, mode: str, group_size: int):
+    """The fused loss of one micro-batch and its metrics, as tensors on the forward's device: verl's engine moves
+    the micro-batch to the accelerator before the loss, so nothing here reads a value back to the host.
+
+    ``log_prob`` (B, T) from the forward; ``padded``: the micro-batch's fields as (B, T) / (B,) tensors.
     tb: mean over trajectories of (log Z_i + delta_ij)^2 (eq. 5), log Z_i the detached group mean of delta.
     tb_pg: -sg(min(pi_theta / pi_rollout, is_ratio_max)) * A * log pi_theta, A = (r - r_bar) - beta (kl - kl_bar)
-    at this forward, aggregated with ``loss_agg_mode``. Returns (loss, metrics) as verl's ppo_loss does.
+    at this forward, aggregated with ``loss_agg_mode``. The metrics include ``_BAD_GROUPS``: 1 where a group of
+    the micro-batch does not hold exactly ``group_size`` (rollout.n) rows.
     """
-    log_prob = no_padding_2_padding(model_output["log_probs"], data)
-    beta = float(tu.get_non_tensor_data(data=data, key=BETA_KEY, default=None))
-    mode = tu.get_non_tensor_data(data=data, key=MODE_KEY, default=None)
-    batch_info = _global_batch_info(config, data)
-    fields = ["response_mask", "rm_scores", "ref_log_prob", GROUP_FIELD] + (
-        ["rollout_log_probs"] if mode == "tb_pg" else []
-    )
-    padded = data.select(*fields).to_padded_tensor()
+    batch_info = config.global_batch_info
     mask = padded["response_mask"].to(log_prob.dtype)
-    groups = tb.group_ids(padded[GROUP_FIELD].tolist())
-    sizes = torch.bincount(groups)
-    if (sizes < 2).any() or (sizes != sizes[0]).any():
-        raise RuntimeError(
-            f"tba-ext fused update: a micro-batch holds prompt groups of sizes {sizes.tolist()}; "
-            "each must hold whole groups of rollout.n (a group was split across micro-batches)"
-        )
+    groups, sizes = tb.first_member(padded[GROUP_FIELD].to(log_prob.device))
+    n_rows = groups.shape[0]
     policy = tb.sequence_logprob(log_prob, mask)
     ref = tb.sequence_logprob(padded["ref_log_prob"].to(log_prob.dtype), mask)
     reward = tb.sequence_logprob(padded["rm_scores"].to(log_prob.dtype), mask)
     tokens = mask.sum(-1).clamp(min=1.0)
-    metrics = {"tb/kl": ((policy - ref).detach() / tokens).mean().item()}  # per-token k1, as verl's kl metric
+    stats = {
+        _BAD_GROUPS: (sizes != group_size).any(),
+        "tb/kl": ((policy - ref).detach() / tokens).mean(),  # per-token k1, as verl's kl metric
+    }
     loss_scale = float(getattr(config.policy_loss, "loss_scale", 1.0))
     if mode == "tb":
-        per_seq, log_z = tb.vargrad_tb_loss(policy, ref, reward, groups, beta)
-        # spread each trajectory's loss over its tokens so seq-mean-token-sum sums it back exactly
-        loss_mat = per_seq.unsqueeze(-1) * mask / tokens.unsqueeze(-1)
-        loss = agg_loss(loss_mat, mask, "seq-mean-token-sum", **batch_info) * loss_scale
+        per_seq, log_z = tb.vargrad_tb_loss(policy, ref, reward, groups, beta, n_groups=n_rows)
+        loss = agg_loss(tb.spread_over_tokens(per_seq, mask), mask, "seq-mean-token-sum", **batch_info) * loss_scale
         # |A| = |log Z + delta| in 1/beta units, as the tb estimator reports it
-        metrics.update(
+        stats.update(
             {
-                "tb/residual_var": per_seq.detach().mean().item(),
-                "tb/log_z": log_z.mean().item(),
-                "tb/mean_abs_advantage": per_seq.detach().sqrt().mean().item(),
+                "tb/residual_var": per_seq.detach().mean(),
+                "tb/log_z": log_z.mean(),
+                "tb/mean_abs_advantage": per_seq.detach().sqrt().mean(),
             }
         )
-    elif mode == "tb_pg":
-        advantage, stats = tb.tb_pg_advantage(policy, ref, reward, groups, beta)
+    else:
+        advantage, log_z = tb.tb_pg_advantage(policy, ref, reward, groups, beta, n_groups=n_rows)
         is_ratio_max = float(getattr(config.policy_loss, "is_ratio_max", IS_RATIO_MAX))
         ratio = torch.exp(log_prob - padded["rollout_log_probs"].to(log_prob.dtype)).detach()
         loss_mat = tb.tb_pg_loss_matrix(log_prob, advantage.unsqueeze(-1) * mask, ratio, is_ratio_max)
         loss = agg_loss(loss_mat, mask, config.loss_agg_mode, **batch_info) * loss_scale
         n_tokens = mask.sum().clamp(min=1.0)
-        metrics.update(
+        stats.update(
             {
-                **{f"tb/{name}": value for name, value in stats.items()},  # log_z; mean_abs_advantage in reward units
-                "tb_pg/is_ratio_clipfrac": (((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / n_tokens).item(),
-                "tb_pg/ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
-                "tb_pg/ratio_max": (ratio * mask).max().item(),
+                "tb/log_z": log_z.mean(),
+                "tb/mean_abs_advantage": advantage.abs().mean(),  # in reward units
+                "tb_pg/is_ratio_clipfrac": ((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / n_tokens,
+                "tb_pg/ratio_mean": (ratio * mask).sum() / n_tokens,
+                "tb_pg/ratio_max": (ratio * mask).max(),
             }
         )
-    else:
-        raise RuntimeError(f"tba-ext fused update: the batch carries {MODE_KEY}={mode!r}, expected tb or tb_pg")
-    out = Metric.from_dict(metrics, aggregation=AggregationType.MEAN)
-    global_norm = data["dp_size"] > 1 or data["global_batch_size"] is not None
-    out["actor/pg_loss"] = Metric(value=loss, aggregation=AggregationType.SUM if global_norm else AggregationType.MEAN)
+    return loss, stats
+
+
+def fused_tb_loss(config, model_output, data, dp_group=None):
+    """verl engine loss (``set_loss_fn``) for ``loss_mode`` tb and tb_pg, computed from this forward alone
+    (``fused_terms``). Returns (loss, metrics) as verl's ppo_loss does; the metrics come to the host in one read
+    per micro-batch."""
+    beta = float(tu.get_non_tensor_data(data=data, key=BETA_KEY, default=None))
+    mode = tu.get_non_tensor_data(data=data, key=MODE_KEY, default=None)
+    group_size = tu.get_non_tensor_data(data=data, key=GROUP_SIZE_KEY, default=None)
+    if mode not in ("tb", "tb_pg") or group_size is None:
+        raise RuntimeError(
+            f"tba-ext fused update: the batch carries {MODE_KEY}={mode!r} and {GROUP_SIZE_KEY}={group_size!r}, "
+            "expected tb or tb_pg and rollout.n (the tba_* trainer modes set them)"
+        )
+    _refuse_unhonoured(config, mode)
+    _global_batch_info(config, data)
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    fields = ["response_mask", "rm_scores", "ref_log_prob", GROUP_FIELD] + (
+        ["rollout_log_probs"] if mode == "tb_pg" else []
+    )
+    padded = data.select(*fields).to_padded_tensor()
+    loss, stats = fused_terms(config, log_prob, padded, beta, mode, int(group_size))
+    stats["actor/pg_loss"] = loss
+    names = list(stats)
+    values = dict(zip(names, torch.stack([stats[k].detach().to(torch.float32) for k in names]).tolist()))
+    pg_loss = values.pop("actor/pg_loss")
+    if values.pop(_BAD_GROUPS):
+        labels = data.select(GROUP_FIELD).to_padded_tensor()[GROUP_FIELD].tolist()
+        sizes = sorted({labels.count(label) for label in labels})
+        raise RuntimeError(
+            f"tba-ext fused update: a micro-batch holds prompt groups of sizes {sizes}; each must hold a whole "
+            f"group of actor_rollout_ref.rollout.n={group_size} "
+            "responses (a group was split across micro-batches, or the searchers returned another number)"
+        )
+    out = Metric.from_dict(values, aggregation=AggregationType.MEAN)
+    # as verl's ppo_loss: a loss normalised over the global batch sums over micro-batches and ranks
+    global_norm = (
+        data["dp_size"] > 1
+        or data["batch_num_tokens"] is not None
+        or data["global_batch_size"] is not None
+        or config.loss_scale_factor is not None
+    )
+    aggregation = AggregationType.SUM if global_norm else AggregationType.MEAN
+    out["actor/pg_loss"] = Metric(value=pg_loss, aggregation=aggregation)
     return loss, out
 
 

@@ -96,13 +96,11 @@ def compute_policy_loss_tb(
     per_seq = tb.tb_loss_from_advantage(
         tb.sequence_logprob(log_prob, mask), tb.sequence_logprob(old_log_prob, mask), seq_adv
     )
-    # spread each sequence's loss over its tokens so verl's seq-mean-token-sum sums it back exactly
-    loss_mat = per_seq.unsqueeze(-1) * mask / mask.sum(-1, keepdim=True).clamp(min=1.0)
-    loss = _aggregate(loss_mat, mask, "seq-mean-token-sum", config)
+    loss = _aggregate(tb.spread_over_tokens(per_seq, mask), mask, "seq-mean-token-sum", config)
     metrics = {
-        "tb/residual_var": per_seq.detach().mean().item(),
-        "tb/policy_log_ratio": tb.sequence_logprob(log_prob - old_log_prob, mask).detach().mean().item(),
-    }
+        "tb/residual_var": per_seq.detach().mean(),
+        "tb/policy_log_ratio": tb.sequence_logprob(log_prob - old_log_prob, mask).detach().mean(),
+    }  # 0-dim tensors on the loss's device: verl's Metric reads them back
     return loss, metrics
 
 
@@ -136,10 +134,10 @@ def compute_policy_loss_tb_pg(
     clipped = (ratio > is_ratio_max).to(mask.dtype)
     tokens = mask.sum().clamp(min=1.0)
     metrics = {
-        "tb_pg/is_ratio_clipfrac": ((clipped * mask).sum() / tokens).item(),
-        "tb_pg/ratio_mean": ((ratio * mask).sum() / tokens).item(),
-        "tb_pg/ratio_max": (ratio * mask).max().item(),
-    }
+        "tb_pg/is_ratio_clipfrac": (clipped * mask).sum() / tokens,
+        "tb_pg/ratio_mean": (ratio * mask).sum() / tokens,
+        "tb_pg/ratio_max": (ratio * mask).max(),
+    }  # 0-dim tensors on the loss's device: verl's Metric reads them back
     return loss, metrics
 
 

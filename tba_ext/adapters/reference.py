@@ -152,10 +152,7 @@ def _reference_into_batch(worker, reference, data: TensorDict, ref_in_actor: boo
     if output is None:  # a model-parallel rank without outputs (sequence parallelism is refused at start-up)
         raise RuntimeError("tba-ext: the reference forward returned no log-probs on this rank")
     values = [v.to(torch.float32) for v in response_from_nested(output["log_probs"], part["response_mask"]).unbind()]
-    merged = list(data["ref_log_prob"].unbind())
-    for row, value in zip(rows, values):
-        merged[row] = value.to(merged[row].dtype)
-    data["ref_log_prob"] = torch.nested.as_nested_tensor(merged, layout=torch.jagged)
+    data["ref_log_prob"] = replace_rows(data["ref_log_prob"], rows, values)
     collects = worker.query_collect_info("actor") if hasattr(worker, "query_collect_info") else True
     if collects:  # one writer per data-parallel shard
         keys = data[KEY_FIELD]
@@ -165,12 +162,21 @@ def _reference_into_batch(worker, reference, data: TensorDict, ref_in_actor: boo
             partition_id=tu.get_non_tensor_data(data=data, key=PARTITION_KEY, default=None),
             fields=TensorDict(
                 {
-                    "ref_log_prob": torch.nested.as_nested_tensor(values, layout=torch.jagged),
+                    "ref_log_prob": torch.nested.as_nested_tensor([v.cpu() for v in values], layout=torch.jagged),
                     TODO_FIELD: torch.zeros(len(rows), dtype=torch.int8),  # done: the trainer checks it
                 },
                 batch_size=len(rows),
             ),
         )
+
+
+def replace_rows(nested: torch.Tensor, rows: list[int], values: list[torch.Tensor]) -> torch.Tensor:
+    """A jagged field with ``rows`` replaced by ``values``, on the field's device and in its dtype (verl's
+    ``infer_batch`` returns its outputs on the CPU; the update's batch may live on the accelerator)."""
+    merged = list(nested.unbind())
+    for row, value in zip(rows, values):
+        merged[row] = value.to(device=merged[row].device, dtype=merged[row].dtype)
+    return torch.nested.as_nested_tensor(merged, layout=torch.jagged)
 
 
 def _rank() -> tuple[int, int]:
@@ -361,13 +367,17 @@ class ReferenceMixin:
         return bool(self.use_reference_policy and tb.multiples_passed(0, global_steps * self.updates_per_step, every))
 
     def _update_reference(self) -> None:
-        """After the updates of this step: every ``ref_reset_every`` updates, ref <- a ref + (1 - a) policy
-        (a = ref_ema; several due at once, as when k updates make one step, apply a^n)."""
-        u = self.updates_per_step
-        due = tb.multiples_passed((self.global_steps - 1) * u, self.global_steps * u, self.tba.ref_reset_every)
+        """After an ``update_actor`` call: ref <- a ref + (1 - a) policy (a = ref_ema) if the call's updates reach a
+        multiple of ``ref_reset_every`` (the start-up checks keep a multiple from falling inside a call's
+        mini-batches), and the stored reference log-probs marked stale at the same point, so the next update
+        trains against the moved reference. In separate_async that is each of the step's k local updates."""
+        per_call = self.updates_per_step // self.parameter_sync_step
+        done = tb.first_update(self.global_steps, self.updates_per_step) - 1
+        done += (getattr(self, "local_trigger_step", 0) + 1) * per_call
+        due = tb.multiples_passed(done - per_call, done, self.tba.ref_reset_every)
         if not due or not self.use_reference_policy:
             return
-        keep = self.tba.ref_ema**due
+        keep = self.tba.ref_ema
         actors, refs = self.actor_rollout_wg.workers, self.ref_policy_wg.workers
         if [w._actor_id for w in refs] == [w._actor_id for w in actors]:
             # the reference shares the actor's processes: the hybrid worker, or its own worker group fused into
@@ -381,7 +391,7 @@ class ReferenceMixin:
         self.reference_version += 1
         if hasattr(self.replay_buffer, "reference_changed"):  # the stored reference log-probs are now stale
             self.replay_buffer.reference_changed()
-        logger.info("tba: reference updated from the policy after update %d (keep %.3g)", self.global_steps * u, keep)
+        logger.info("tba: reference updated from the policy after update %d (keep %.3g)", done, keep)
 
     def _save_reference(self, folder: str) -> None:
         """Each rank's reference shard into ``folder``, once the reference is no longer verl's initial model."""
@@ -393,7 +403,8 @@ class ReferenceMixin:
         if not self.use_reference_policy:
             return
         if self._reference_moved(self.global_steps):  # resumed after a reset: no longer the initial model
-            self.reference_version = max(self.reference_version, 1)
+            updates = self.global_steps * self.updates_per_step
+            self.reference_version = tb.multiples_passed(0, updates, self.tba.ref_reset_every)
         reference = os.path.join(folder, REFERENCE_DIR)
         if os.path.isdir(reference):
             ray.get([w.__ray_call__.remote(_load_reference_shard, reference) for w in self.ref_policy_wg.workers])

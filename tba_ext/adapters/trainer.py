@@ -46,6 +46,13 @@ logger = logging.getLogger(__name__)
 REPLAY_FILE = "tba_replay.pt"
 
 
+def _first(value) -> float:
+    """The first of verl's per-mini-batch (and per-epoch) metric values, in order; a float stays as it is."""
+    while isinstance(value, list | tuple):
+        value = value[0]
+    return float(value)
+
+
 def _as_list(values) -> list:
     """TransferQueue returns non-tensor fields as NonTensorStack (``tolist``) or an already-listed sequence."""
     return values.tolist() if hasattr(values, "tolist") else list(values)
@@ -188,12 +195,23 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
 
     def _update_actor(self, batch, metrics: dict):
-        if not self.fused:
-            return super()._update_actor(batch, metrics)
+        batch = self._fused_update_actor(batch, metrics) if self.fused else super()._update_actor(batch, metrics)
+        kl = metrics.get("tb/kl")
+        if kl is not None and self.parameter_sync_step > 1:  # a separate_async step's k updates (verl averages them)
+            metrics[f"tb/local_update_{getattr(self, 'local_trigger_step', 0) + 1}/kl"] = _first(kl)
+        self._update_reference()  # at the update rho says, before the next update samples its batch
+        return batch
+
+    def _fused_update_actor(self, batch, metrics: dict):
         n = int(self.config.actor_rollout_ref.rollout.n)
         actor = self.config.actor_rollout_ref.actor
         batch.extra_info.update(
-            {fused.BETA_KEY: self.current_beta(), fused.MODE_KEY: actor.policy_loss.loss_mode, "force_group_size": n}
+            {
+                fused.BETA_KEY: self.current_beta(),
+                fused.MODE_KEY: actor.policy_loss.loss_mode,
+                fused.GROUP_SIZE_KEY: n,
+                "force_group_size": n,
+            }
         )
         if not actor.use_dynamic_bsz:  # verl's micro-batch is then micro_batch_size_per_gpu groups
             batch.extra_info["micro_batch_size_per_gpu"] = int(actor.ppo_micro_batch_size_per_gpu) // n
@@ -206,9 +224,7 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
                 metrics[key] = metrics.pop("actor/" + key)
         first_mini_batch = getattr(self, "_last_actor_metrics", {}).get("tb/kl")
         if first_mini_batch is not None and getattr(self, "local_trigger_step", 0) == 0:  # the step's first update
-            while isinstance(first_mini_batch, list | tuple):  # one value per mini-batch (and epoch), in order
-                first_mini_batch = first_mini_batch[0]
-            metrics["tb/kl_step_start"] = float(first_mini_batch)
+            metrics["tb/kl_step_start"] = _first(first_mini_batch)
         return batch
 
     def _estimator_metrics(self, batch) -> dict:
@@ -245,11 +261,6 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
             metrics["tb/kl"] = metrics["actor/reward_kl_penalty"]
             if getattr(self, "local_trigger_step", 0) == 0:  # the step's first update (of k in separate_async)
                 metrics["tb/kl_step_start"] = metrics["actor/reward_kl_penalty"]
-        return batch
-
-    def step(self, metrics: dict, timing_raw: dict):
-        batch = super().step(metrics, timing_raw)
-        self._update_reference()  # before verl saves this step's checkpoint, so the checkpoint holds it
         return batch
 
     # -- replay store and reference persistence next to verl's checkpoint --------------------------------

@@ -74,6 +74,8 @@ class TrainerMetricsMixin:
         metrics["tba/weight_sync_s"] = float(timing_raw.get("update_weights", 0.0))
         metrics["tba/trajectories_consumed_per_s"] = len(batch.keys) / step_s
         metrics.update(self._trainer_call_metrics(len(batch.keys)))
+        if self.use_reference_policy:  # reference updates so far (tba.ref_reset_every; one per update with the EMA)
+            metrics["tba/reference_updates"] = self.reference_version
         stats = self._searcher_stats()
         metrics["tba/searchers_alive"] = sum(s is not None for s in stats)
         previous, self._last_searcher_stats = getattr(self, "_last_searcher_stats", None), (now, stats)

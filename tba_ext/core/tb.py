@@ -21,18 +21,38 @@ def sequence_logprob(token_logprob: torch.Tensor, response_mask: torch.Tensor) -
     return (token_logprob * response_mask.to(token_logprob.dtype)).sum(-1)
 
 
+def spread_over_tokens(per_sequence: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """A per-sequence loss (B,) spread evenly over each sequence's valid tokens (B, T), so that a token sum per
+    sequence (verl's ``seq-mean-token-sum``) gives it back exactly."""
+    mask = response_mask.to(per_sequence.dtype)
+    return per_sequence.unsqueeze(-1) * mask / mask.sum(-1, keepdim=True).clamp(min=1.0)
+
+
 def group_ids(uids) -> torch.Tensor:
-    """Map an array of prompt uids (any hashable) to dense integer group ids, in first-seen order."""
+    """Map an array of prompt uids (any hashable) to dense integer group ids, in first-seen order (host side)."""
     index: dict = {}
     return torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)
 
 
-def group_mean(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over the members of each element's group, broadcast back to every element."""
-    n_groups = int(groups.max().item()) + 1 if groups.numel() else 0
-    sums = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, groups, values)
-    counts = torch.bincount(groups, minlength=n_groups).to(values.dtype)
-    return (sums / counts)[groups]
+def first_member(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's group as the row index of its group's first member, and its group's size, for integer group
+    ``labels`` of one (micro-)batch: ids below ``len(labels)`` for ``group_mean(..., n_groups=len(labels))``,
+    computed on the labels' device without a host round trip (a (B, B) comparison; B is a micro-batch)."""
+    same = labels[:, None] == labels[None, :]
+    rows = torch.arange(labels.shape[0], device=labels.device)
+    return torch.where(same, rows, labels.shape[0]).amin(-1), same.sum(-1)
+
+
+def group_mean(values: torch.Tensor, groups: torch.Tensor, n_groups: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over the members of each element's group, broadcast back to every element.
+
+    ``groups``: ids below ``n_groups``, on the values' device; ``n_groups=None`` reads it from ``groups`` (a host
+    round trip where they live on an accelerator)."""
+    if n_groups is None:
+        n_groups = int(groups.max().item()) + 1 if groups.numel() else 0
+    sums = values.new_zeros(n_groups).index_add_(0, groups, values)
+    counts = values.new_zeros(n_groups).index_add_(0, groups, torch.ones_like(values))
+    return (sums / counts.clamp(min=1.0))[groups]
 
 
 def tb_advantage(
@@ -78,6 +98,7 @@ def vargrad_tb_loss(
     reward: torch.Tensor,
     groups: torch.Tensor,
     beta: float,
+    n_groups: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 5 per trajectory, from one forward pass: (log Z_i + delta_ij)^2, shape (B,), and log Z_i per row.
 
@@ -86,7 +107,7 @@ def vargrad_tb_loss(
     update, not only at the policy that started the step. ``groups`` must hold every member of each group.
     """
     delta = policy_seq_logprob - ref_seq_logprob - reward / beta
-    log_z = -group_mean(delta.detach(), groups)
+    log_z = -group_mean(delta.detach(), groups, n_groups)
     return (log_z + delta) ** 2, log_z
 
 
@@ -96,16 +117,17 @@ def tb_pg_advantage(
     reward: torch.Tensor,
     groups: torch.Tensor,
     beta: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    n_groups: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """TBA' advantage from one forward pass: (r - r_bar) - beta (kl - kl_bar), kl = sg(l_theta) - l_ref, shape (B,),
-    with ``tb_advantage``'s statistics.
+    and log Z_i = mean_j S_ij / beta per row (S = r - beta kl, as ``tb_advantage`` reports it).
 
     beta times the TB advantage at the policy being trained; it is minus beta times the centred delta of eq. 5,
     so its policy gradient is eq. 5's gradient (App. A). Detached: it weights the gradient.
     """
-    score = reward - beta * (policy_seq_logprob.detach() - ref_seq_logprob)
-    advantage, stats = tb_advantage(score.detach(), groups, beta, pg_units=True)
-    return advantage, stats
+    score = (reward - beta * (policy_seq_logprob - ref_seq_logprob)).detach()
+    group_score = group_mean(score, groups, n_groups)
+    return score - group_score, group_score / beta
 
 
 def rollout_ratio(

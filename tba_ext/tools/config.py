@@ -3,6 +3,9 @@ with verl's, and check everything that can fail before Ray starts, each error na
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import importlib.util
 import os
 from importlib import resources
 
@@ -56,6 +59,56 @@ def list_configs(gpu: bool = True) -> list[str]:
     return names(CONFIG_DIR) + (names(GPU_CONFIG_DIR) if gpu else [])
 
 
+def unread_keys(node, path: str = "") -> set[str]:
+    """Keys of config nodes that verl turns into a dataclass (``_target_``) which are not fields of it: verl builds
+    the dataclass from its fields and drops the rest without a word."""
+    found: set[str] = set()
+    if not isinstance(node, dict):
+        return found
+    target = node.get("_target_")
+    if isinstance(target, str) and "." in target:
+        module, _, name = target.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            cls = None  # an engine this install lacks (Megatron's on a CPU machine): verl refuses it itself
+        if cls is not None and dataclasses.is_dataclass(cls):
+            fields = {f.name for f in dataclasses.fields(cls)}
+            found |= {path + key for key in node if key != "_target_" and key not in fields}
+    for key, value in node.items():
+        found |= unread_keys(value, f"{path}{key}.")
+    return found
+
+
+def check_overrides_are_read(config_name: str, overrides: list[str]) -> None:
+    """Refuse an override that nothing reads (``+actor_rollout_ref.rollout.gpu_memory_utilizaton=0.5``): one that
+    adds a key to a node verl builds a dataclass from, which is not a field of it. The ``tba:`` node's keys are
+    checked by ``tba_ext.core.settings``; free-form nodes (``override_config``, ``sampler_kwargs``) take any key."""
+    if not overrides:
+        return
+    base = unread_keys(OmegaConf.to_container(compose(config_name, []), resolve=False))
+    added = unread_keys(OmegaConf.to_container(compose(config_name, overrides), resolve=False)) - base
+    if added:
+        raise ValueError(
+            f"override(s) of {', '.join(sorted(added))}: no such key in verl's config (nothing would read it); "
+            "check the spelling against `python -m verl.trainer.main_ppo --cfg job`"
+        )
+
+
+def check_attention(aro: dict) -> None:
+    """verl's FSDP engine loads the model with flash_attention_2 unless told otherwise; without flash-attn
+    installed it fails only after Ray and every worker started."""
+    if aro["actor"].get("strategy") not in ("fsdp", "fsdp2"):
+        return
+    attn = (aro["model"].get("override_config") or {}).get("attn_implementation", "flash_attention_2")
+    if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ValueError(
+            "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2 needs flash-attn, "
+            'which is not installed: pip install "verl[vllm,fsdp]==0.9.1" (its fsdp extra brings it), or set the '
+            "key to sdpa together with actor_rollout_ref.model.use_remove_padding=false"
+        )
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -92,5 +145,6 @@ def preflight(cfg) -> None:
         check_hfcpu_lora(plain["actor_rollout_ref"]["model"])
     if cpu_runtime_active() and rollout == "vllm":
         check_vllm_cpu_model(plain["actor_rollout_ref"]["model"]["path"])
+    check_attention(plain["actor_rollout_ref"])
     if cpu_runtime_active() and plain["actor_rollout_ref"]["actor"]["strategy"] != "fsdp2":
         raise ValueError("actor_rollout_ref.actor.strategy must be fsdp2 on CPU (FSDP1/Megatron need a GPU)")

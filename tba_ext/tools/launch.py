@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 
-from tba_ext.tools.config import compose, config_location, preflight
+from tba_ext.tools.config import check_overrides_are_read, compose, config_location, preflight
 from tba_ext.tools.processes import session_pids, terminate
 
 # What a Ray cluster's nodes own (``ray start --num-cpus/--num-gpus/...``): ray.init refuses them when it joins one
@@ -118,6 +118,7 @@ def run_verl(
         stall_timeout = float(os.environ["TBA_EXT_STALL_TIMEOUT"])
     from tba_ext.cpu.runtime import OVERRIDE_ENV, cpu_runtime_active
 
+    check_overrides_are_read(config_name, overrides)
     cfg = compose(config_name, overrides)
     extra_env = dict(extra_env or {})
     if OVERRIDE_ENV not in os.environ and (runtime := joined_cluster_runtime(cfg)):
