@@ -24,7 +24,15 @@ def cmd_doctor(args) -> int:
 def cmd_prepare_data(args) -> int:
     from tba_ext.tasks.data import write_task
 
-    summary = write_task(args.task, args.out, args.train_size, args.test_size, args.seed, source=args.source)
+    summary = write_task(
+        args.task,
+        args.out,
+        args.train_size,
+        args.test_size,
+        args.seed,
+        source=args.source,
+        test_source=args.test_source,
+    )
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -157,8 +165,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default="arith", choices=TASKS)
     p.add_argument("--out", required=True)
     p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, math, tldr)")
-    p.add_argument("--train-size", type=int, default=2000)
-    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument(
+        "--test-source",
+        default=None,
+        help="read the test split from this copy instead of --source (e.g. MATH-500's test.jsonl beside MATH)",
+    )
+    p.add_argument(
+        "--train-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cap the train split at its first N rows (default: every row of --source; 2000 for generated tasks)",
+    )
+    p.add_argument(
+        "--test-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cap the test split at its first N rows (default: every row of --source; 200 for generated tasks)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_prepare_data)
 

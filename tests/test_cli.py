@@ -20,6 +20,10 @@ def test_bad_input_is_refused_naming_what_to_fix(tiny_run, tmp_path, capsys):
         ([f"data.train_files={tmp_path}/none.parquet"], "data.train_files"),
         (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
         (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name=sglang"),
+        (  # tba_sync's dataloader hands over whole batches: 256 prompts cannot serve one of 512
+            ["data.train_batch_size=512", "actor_rollout_ref.actor.ppo_mini_batch_size=512"],
+            "data.train_files: 256 training prompts, fewer than one dataloader fetch of 512",
+        ),
     ]
     for overrides, message in cases:
         code, err = run(capsys, "train", "--config", "cpu_tb", f"run_dir={tiny_run}", *overrides)

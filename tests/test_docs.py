@@ -1,6 +1,6 @@
 """The docs are true of the code: the site builds with strict warnings, its generated parts are current, every
-code path it names exists, every result says how it was made, and the README's switch blocks pass the start-up
-checks of a verl pipeline they are pasted into."""
+code path it names exists, every result says how it was made, the README's switch blocks pass the start-up
+checks of a verl pipeline they are pasted into, and every install line names verl extras that bring what it is for."""
 
 import json
 import re
@@ -91,10 +91,94 @@ def test_the_readme_switch_blocks_pass_the_start_up_checks_and_fail_without_a_ke
     check_tb_run(pasted_into_a_grpo_pipeline(tb))
     cfg = pasted_into_a_grpo_pipeline(tb_pg)
     settings, _ = check_tba_run(cfg)
-    assert cfg["trainer"]["v1"]["trainer_mode"] == "tba_colocate_async" and settings.ref_reset_every == 50
+    assert cfg["trainer"]["v1"]["trainer_mode"] == "tba_colocate_async" and settings.ref_reset_every == 48
     assert cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] == "tb_pg"
     # the checks bite: each block without one of its keys is refused
     with pytest.raises(ValueError, match="use_kl_in_reward"):
         check_tb_run(pasted_into_a_grpo_pipeline([o for o in tb if not o.startswith("algorithm.use_kl_in_reward")]))
     with pytest.raises(ValueError, match="rollout_is"):
         check_tba_run(pasted_into_a_grpo_pipeline([o for o in tb_pg if "rollout_correction" not in o]))
+
+
+# every file that tells a user which of verl's extras to install, and the places a Megatron config is launched from
+INSTALL_LINE_FILES = [
+    "README.md",
+    "pyproject.toml",
+    "docs/*.md",
+    "examples/*.sh",
+    "tba_ext/configs/gpu/*.yaml",
+    "tba_ext/configs/gpu/README.md",
+    "tba_ext/**/*.py",
+]
+MEGATRON_LAUNCH_FILES = [
+    "README.md",
+    "docs/gpu.md",
+    "tba_ext/configs/gpu/README.md",
+    "tba_ext/configs/gpu/tba_qwen2.5-7b_math_megatron.yaml",
+    "examples/run_tba_prime_qwen2.5-7b_math_megatron.sh",
+]
+VERL_EXTRAS = re.compile(r"verl\[([^\]]+)\]")
+
+
+def verl_extras_bring() -> dict[str, set[str]]:
+    """Each extra of the installed verl -> the distributions it brings, nested ``verl[...]`` extras followed, read
+    from verl's own metadata (its Requires-Dist lines)."""
+    from importlib.metadata import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    meta = metadata("verl")
+    extras = set(meta.get_all("Provides-Extra"))
+    direct: dict[str, set[tuple[str, frozenset]]] = {e: set() for e in extras}
+    for line in meta.get_all("Requires-Dist"):
+        req = Requirement(line)
+        for extra in extras:
+            if req.marker is not None and req.marker.evaluate({"extra": extra}):
+                direct[extra].add((canonicalize_name(req.name), frozenset(req.extras)))
+
+    def bring(extra: str, seen: frozenset = frozenset()) -> set[str]:
+        names = set()
+        for name, nested in direct[extra]:
+            names.add(name)
+            if name == "verl":
+                names |= set().union(*(bring(n, seen | {extra}) for n in nested - seen - {extra}))
+        return names
+
+    return {extra: bring(extra) for extra in extras}
+
+
+def install_lines(pattern: str) -> list[tuple[str, str, list[list[str]]]]:
+    """(file, line, the extras of each ``verl[...]`` on it) for each line of the matching files that names one."""
+    found = []
+    for path in sorted(ROOT.glob(pattern)):
+        for line in path.read_text().splitlines():
+            specs = [[e.strip() for e in m.group(1).split(",")] for m in VERL_EXTRAS.finditer(line)]
+            if specs:
+                found.append((str(path.relative_to(ROOT)), line.strip(), specs))
+    return found
+
+
+def test_every_install_line_names_verls_extras_and_the_megatron_ones_bring_megatron_core():
+    """verl 0.9.1's ``mcore`` extra is mbridge alone; megatron-core comes with its ``megatron`` extra (flash-attn
+    with ``fsdp`` and ``megatron``). Each install line is checked against the installed verl's metadata, and every
+    place a Megatron config is launched from names an install that brings megatron-core."""
+    brings = verl_extras_bring()
+    assert "megatron-core" in brings["megatron"] and brings["mcore"] == {"mbridge"}
+
+    def brought(extras):
+        return set().union(*(brings[e] for e in extras))
+
+    lines = [found for pattern in INSTALL_LINE_FILES for found in install_lines(pattern)]
+    assert lines, "no install line found"
+    for path, line, specs in lines:
+        for extras in specs:
+            assert set(extras) <= set(brings), f"{path}: verl has no extra {set(extras) - set(brings)}: {line}"
+            if {"mcore", "megatron"} & set(extras):
+                assert "megatron-core" in brought(extras), f"{path}: brings no megatron-core: {line}"
+        if "flash-attn" in line:
+            assert any("flash-attn" in brought(extras) for extras in specs), f"{path}: brings no flash-attn: {line}"
+    for path in MEGATRON_LAUNCH_FILES:
+        assert any("megatron-core" in brought(extras) for _, _, specs in install_lines(path) for extras in specs), (
+            f"{path}: no install line that brings megatron-core (verl[vllm,megatron])"
+        )

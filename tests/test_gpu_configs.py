@@ -2,6 +2,7 @@
 launching anything (Megatron/vLLM cannot run here)."""
 
 import os
+import re
 
 import pytest
 import verl  # noqa: F401
@@ -105,7 +106,9 @@ def test_tldr_scores_with_verls_reward_model_and_redteam_with_its_scorers():
 
     tldr = load("tba_pythia-1b_tldr")["reward"]
     assert tldr["reward_model"]["enable"] and tldr["reward_model"]["rollout"]["name"] == "vllm"
-    assert tldr["custom_reward_function"]["path"] is None  # verl's discriminative-RM path, not a rule
+    # tba-ext's function posts the raw text to verl's served reward model (verl's own path applies a chat template)
+    assert tldr["custom_reward_function"]["path"] == "pkg://tba_ext.tasks.rewards"
+    assert tldr["custom_reward_function"]["reward_kwargs"]["reward_model_path"] == tldr["reward_model"]["model_path"]
     redteam = load("tba_gpt2_redteam")["reward"]["custom_reward_function"]
     assert redteam["path"] == "pkg://tba_ext.tasks.rewards"
     assert {"victim_model_path", "toxicity_model_path"} <= set(redteam["reward_kwargs"])
@@ -122,3 +125,93 @@ def test_the_math_configs_reward_function_scores_math_rows(name):
     for source in ("tba_ext/math", "HuggingFaceH4/MATH-500"):
         assert score(source, "so the answer is \\boxed{\\frac{1}{2}}", "0.5", {}) == 1.0
         assert score(source, "so the answer is \\boxed{2}", "0.5", {}) == 0.0
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("+actor_rollout_ref.rollout.gpu_memory_utilizaton=0.5", "actor_rollout_ref.rollout.gpu_memory_utilizaton"),
+        ("+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpus=4", "ppo_micro_batch_size_per_gpus"),
+        ("+trainer.v1.sampler.sampler_kwargs.recency_probb=0.5", "recency_probb"),
+        ("+tba.ref_reset_everyy=5", "tba.ref_reset_everyy"),
+    ],
+)
+def test_a_launch_refuses_an_override_nothing_reads_naming_it(override, named, monkeypatch, tmp_path):
+    """A misspelled key added with ``+`` is named before Ray starts (verl builds its dataclasses from their fields and
+    drops the rest; tba.* and the sampler's kwargs are read by tba-ext's own settings)."""
+    from tba_ext.tools.config import check_overrides_are_read
+
+    def launch_checks(name, overrides):  # what `tba-ext train` checks of the config before any file or Ray
+        check_overrides_are_read(name, overrides)
+        check_tba_run(OmegaConf.to_container(tba_compose(name, overrides), resolve=True))
+
+    launch_checks("tba_qwen2.5-7b_gsm8k_fsdp2", ["actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+    with pytest.raises(ValueError, match=re.escape(named)):
+        launch_checks("tba_qwen2.5-7b_gsm8k_fsdp2", [override])
+
+
+def test_flash_attention_without_flash_attn_is_refused_before_ray_starts(monkeypatch):
+    import importlib.util
+
+    from tba_ext.tools.config import check_attention
+
+    aro = OmegaConf.to_container(tba_compose("tba_qwen2.5-7b_gsm8k_fsdp2", []), resolve=True)["actor_rollout_ref"]
+    assert aro["model"]["override_config"]["attn_implementation"] == "flash_attention_2"
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "flash_attn" else real_find_spec(n, *a))
+    with pytest.raises(ValueError, match=r"attn_implementation=flash_attention_2 needs flash-attn"):
+        check_attention(aro)
+    aro["model"]["override_config"]["attn_implementation"] = "sdpa"
+    check_attention(aro)
+
+
+def llama_style_tokenizer(texts):
+    """A tokenizer of the RhoMath SFT model's kind (Llama-2's, built offline): BOS ``<s>`` put before every text it
+    encodes with special tokens, eos ``</s>``, no pad token, no chat template."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    from tba_ext.tools.models import train_tokenizer
+
+    backend = train_tokenizer(texts, 512, chat_template=False).backend_tokenizer
+    backend.add_special_tokens(["<s>", "</s>"])
+    bos = backend.token_to_id("<s>")
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+
+
+def test_rhomath_prompts_start_with_one_bos_as_its_sft_model_was_trained(tmp_path):
+    """The config's prompt template through verl's own code: the ids the agent loop sends to the rollout (its
+    Continuous Token builder) and the length verl's dataset filters on are the raw prompt after exactly one BOS, the
+    tokenizer's plain encoding of the prompt (verl tokenizes the rendered template without adding special tokens).
+    A tokenizer without a BOS gets the raw prompt."""
+    import pandas as pd
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    from tba_ext.tasks.gsm8k import PROMPT
+    from tba_ext.tools.models import train_tokenizer
+
+    kwargs = OmegaConf.to_container(tba_compose("tba_rhomath-1b_gsm8k", []).data.apply_chat_template_kwargs)
+    messages = [{"role": "user", "content": PROMPT.format(question="Tom has 3 apples and buys 4. How many now?")}]
+    tokenizer = llama_style_tokenizer([messages[0]["content"]] * 8)
+    encoded = tokenizer(messages[0]["content"])["input_ids"]
+    assert encoded[0] == tokenizer.bos_token_id and encoded.count(tokenizer.bos_token_id) == 1
+    builder = create_continuous_token_builder(tokenizer, hf_model_type="llama", chat_template_kwargs=kwargs)
+    assert builder.build_initial_tokens(messages) == encoded
+    without_bos = train_tokenizer([messages[0]["content"]] * 8, 512, chat_template=False)  # GPT-2's kind: none
+    assert without_bos.apply_chat_template(messages, tokenize=False, **kwargs) == messages[0]["content"]
+    path = tmp_path / "train.parquet"
+    pd.DataFrame([{"prompt": messages, "data_source": "tba_ext/gsm8k"}]).to_parquet(path)
+    for limit, kept in ((len(encoded), 1), (len(encoded) - 1, 0)):  # the filter counts the one BOS, no second
+        data_config = OmegaConf.create(
+            {
+                "max_prompt_length": limit,
+                "apply_chat_template_kwargs": kwargs,
+                "filter_overlong_prompts_workers": 1,
+                "cache_dir": str(tmp_path / "cache"),
+            }
+        )
+        assert len(RLHFDataset([str(path)], tokenizer, data_config)) == kept

@@ -18,8 +18,6 @@ from omegaconf import OmegaConf
 from tba_ext.tasks.data import corpus_for, write_task
 from tba_ext.tools.models import ModelSpec, make_model
 
-pytestmark = pytest.mark.e2e
-
 QUESTIONS = [(a, b) for a in range(2, 12) for b in range(1, 6)]  # 40 train, 10 test
 
 
@@ -46,7 +44,8 @@ def fixtures(tmp_path_factory):
     data = {}
     for task, source in (("gsm8k", gsm), ("tldr", tldr), ("redteam", None)):
         data[task] = root / f"data_{task}"
-        # 40 training prompts: two global steps of the k = 10 configs' 20 prompts (verl drops a short last batch)
+        # 40 training prompts: two global steps of 20 prompts (k = 10 x 2); the red-team rehearsal's 8 groups per
+        # micro-batch (its config's) draw 80 a step, over more than one epoch
         write_task(task, str(data[task]), 40, 8, 0, source=str(source) if source else None)
     texts = corpus_for("gsm8k", 0, str(gsm)) + corpus_for("tldr", 0, str(tldr)) + corpus_for("redteam", 0)
     models = {}
@@ -72,22 +71,51 @@ REHEARSALS = {
     "tba_pythia-1b_tldr": (
         "raw",
         "tldr",
-        {},
-        [
-            "reward.reward_model.enable=false",
-            "reward.custom_reward_function.path=pkg://tba_ext.tasks.rewards",
-            "+reward.custom_reward_function.reward_kwargs.reward_model_path={rm}",
-        ],
+        {"RM_PATH": "{rm}"},
+        ["reward.reward_model.enable=false"],  # verl's vLLM reward server is GPU-only: the function scores locally
     ),
     "tba_gpt2_redteam": ("raw", "redteam", {"VICTIM_PATH": "{victim}", "TOXICITY_PATH": "{toxicity}"}, []),
 }
 
 
+# What a rehearsal replaces (key prefix -> why); anything else it changed would be a silent difference from the
+# GPU run, which test_a_rehearsal_replaces_only_what_it_lists refuses
+REPLACED = {
+    "actor_rollout_ref.rollout.": "hfcpu generation with the Ray object-store weight sync, K = 4, one device",
+    "actor_rollout_ref.model.": "no packed sequences or flash-attn (sdpa), no gradient checkpointing",
+    "actor_rollout_ref.actor.use_torch_compile": "no torch.compile on CPU",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "fewer prompts per update",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "K = 4 per group, the config's groups per micro-batch",
+    "actor_rollout_ref.actor.fsdp_config.": "fp32 (bf16 matmuls are slow on CPU)",
+    "actor_rollout_ref.ref.": "fp32, its micro-batch",
+    "data.": "fewer prompts per step (k x the update's), short prompts and responses, no dataloader workers",
+    "trainer.": "one CPU node, two global steps, no checkpoints, console logging",
+    "tba.searcher_queue_prompts": "two of the smaller steps queued",
+    "trainer.v1.sampler.sampler_kwargs.samples_per_prompt": "S follows K = 4",
+    "trainer.v1.sampler.sampler_kwargs.min_buffer_groups": "no initial buffer (two steps)",
+    "reward.num_workers": "one reward worker",
+    "reward.reward_model.enable": "verl's vLLM reward server is GPU-only: the reward function scores locally",
+    "transfer_queue.": "one storage unit",
+    "ray_kwargs.": "a small object store, no dashboard, logical devices for verl's resource pools",
+}
+REHEARSAL_K = 4  # responses per prompt on CPU
+
+
+def micro_batch_plan(cfg) -> tuple[int, int]:
+    """(ppo_micro_batch_size_per_gpu, ppo_mini_batch_size) at K = REHEARSAL_K with the config's own number of prompt
+    groups per micro-batch (a fraction of one for Dr. GRPO's), and whole micro-batches per update."""
+    actor = cfg.actor_rollout_ref.actor
+    micro = max(1, REHEARSAL_K * int(actor.ppo_micro_batch_size_per_gpu) // int(cfg.actor_rollout_ref.rollout.n))
+    mini = max(2, micro // REHEARSAL_K)
+    assert mini * REHEARSAL_K % micro == 0, (micro, mini)
+    return micro, mini
+
+
 def cpu_scale(cfg, run_dir) -> list[str]:
-    """Devices, sizes and backends a 2-core CPU machine holds; the config's algorithm, sampler, schedules, prompt
-    template, reward and loss settings are left as they are."""
+    """Devices, sizes and backends a 2-core CPU machine holds (``REPLACED``); the config's algorithm, sampler,
+    schedules, prompt template, reward and loss settings, k and groups per micro-batch are left as they are."""
     k = int(cfg.trainer.v1.separate_async.parameter_sync_step)
-    mini = 2  # prompts per update
+    micro, mini = micro_batch_plan(cfg)  # mini: prompts per update
     sampler = cfg.trainer.v1.sampler.get("sampler_kwargs") or {}
     return [
         "actor_rollout_ref.rollout.name=hfcpu",
@@ -98,14 +126,14 @@ def cpu_scale(cfg, run_dir) -> list[str]:
         "actor_rollout_ref.rollout.load_format=auto",
         "actor_rollout_ref.rollout.free_cache_engine=false",
         "actor_rollout_ref.rollout.agent.num_workers=1",
-        "actor_rollout_ref.rollout.n=4",
+        f"actor_rollout_ref.rollout.n={REHEARSAL_K}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.model.use_remove_padding=false",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.actor.use_torch_compile=false",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         *(
             f"++actor_rollout_ref.{role}.fsdp_config.{key}=fp32"
@@ -145,6 +173,7 @@ def as_a_gpu_user(monkeypatch, fixtures, kind, task, env):
     return paths
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(REHEARSALS))
 def test_gpu_config_rehearsed_on_cpu_validates_and_trains_two_steps(name, fixtures, monkeypatch, tmp_path):
     from tba_ext.tools import report
@@ -166,15 +195,18 @@ def test_gpu_config_rehearsed_on_cpu_validates_and_trains_two_steps(name, fixtur
         assert all(math.isfinite(v) for v in r["data"].values() if isinstance(v, float)), r["data"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["tba_rhomath-1b_gsm8k", "tba_pythia-1b_tldr", "tba_gpt2_redteam"])
 def test_a_template_less_config_without_its_raw_prompt_template_is_refused(name, fixtures, monkeypatch):
     """What the rehearsals would meet on the template-less models without the configs' raw prompt template:
     verl would drop every row; the preflight refuses, naming the key."""
+    from tba_ext.tools import config
     from tba_ext.tools.config import compose, preflight
 
     kind, task, env, reward_overrides = REHEARSALS[name]
     paths = as_a_gpu_user(monkeypatch, fixtures, kind, task, env)
     monkeypatch.setenv("TBA_EXT_CPU_RUNTIME", "off")  # as on the GPU node: only the template is at fault
+    monkeypatch.setattr(config, "check_attention", lambda aro: None)  # the GPU node has flash-attn installed
     cfg = compose(name, [o.format(**paths) for o in reward_overrides])
     preflight(cfg)
     OmegaConf.set_struct(cfg, False)
@@ -183,6 +215,7 @@ def test_a_template_less_config_without_its_raw_prompt_template_is_refused(name,
         preflight(cfg)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["tba_qwen2.5-7b_math_megatron", "drgrpo_qwen2.5-7b_math_megatron"])
 def test_megatron_config_rehearsed_up_to_the_engine(name, fixtures, monkeypatch, tmp_path):
     """Composed as a GPU user does, checked by the preflight a GPU node runs, its data read by verl's own dataset
@@ -212,3 +245,34 @@ def test_megatron_config_rehearsed_up_to_the_engine(name, fixtures, monkeypatch,
     for row in pd.read_parquet(os.path.join(str(tmp_path / "data"), "train.parquet")).itertuples():
         gold = row.reward_model["ground_truth"]
         assert compute_score(row.data_source, f"so \\boxed{{{gold}}}", gold, row.extra_info) == 1.0
+
+
+def flat(node, prefix="") -> dict:
+    if isinstance(node, dict):
+        return {k: v for key, value in node.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+@pytest.mark.parametrize("name", sorted(REHEARSALS))
+def test_a_rehearsal_replaces_only_what_it_lists_and_keeps_groups_per_micro_batch(name, tmp_path):
+    """Every key a rehearsal changes from the config a GPU user composes is in ``REPLACED``; the algorithm, the
+    sampler, the schedules, k and the number of prompt groups per micro-batch are the config's own."""
+    from tba_ext.tools.config import compose
+
+    overrides = [o.format(rm="rm") for o in REHEARSALS[name][3]]
+    gpu_cfg, cpu_cfg = compose(name, []), compose(name, overrides + cpu_scale(compose(name, overrides), tmp_path))
+    # unresolved: a value verl derives from another (${...}) changes with it, and is not a replacement of its own
+    gpu_flat, cpu_flat = (flat(OmegaConf.to_container(c, resolve=False)) for c in (gpu_cfg, cpu_cfg))
+    gpu, cpu = (OmegaConf.to_container(c, resolve=True) for c in (gpu_cfg, cpu_cfg))
+    changed = {key for key in gpu_flat.keys() | cpu_flat.keys() if gpu_flat.get(key) != cpu_flat.get(key)}
+    unlisted = sorted(key for key in changed if not any(key.startswith(prefix) for prefix in REPLACED))
+    assert not unlisted, unlisted
+    assert "algorithm.kl_ctrl.kl_coef" not in changed and cpu["algorithm"] == gpu["algorithm"]
+    assert cpu.get("tba", {}).get("beta") == gpu.get("tba", {}).get("beta")
+    k = "trainer.v1.separate_async.parameter_sync_step"
+    assert cpu_flat[k] == gpu_flat[k]
+
+    def groups_per_micro_batch(c):
+        return c["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] / c["actor_rollout_ref"]["rollout"]["n"]
+
+    assert groups_per_micro_batch(cpu) == groups_per_micro_batch(gpu)

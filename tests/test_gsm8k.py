@@ -2,6 +2,7 @@
 
 import json
 
+import pandas as pd
 import pytest
 
 from tba_ext.tasks.data import write_task
@@ -28,9 +29,30 @@ def test_load_official_jsonl_layout(tmp_path):
     assert summary["train"]["rows"] == 2 and summary["test"]["rows"] == 1
 
 
-def test_parquet_layout(tmp_path):
-    import pandas as pd
+def test_prepare_data_writes_every_row_of_the_copy_unless_capped(tmp_path, capsys):
+    """The whole of each split by default (openai/gsm8k: 7473 / 1319), more rows than the old 2000 / 200 defaults;
+    --train-size / --test-size cap a split at its first rows."""
+    from tba_ext.cli import main
 
+    def rows(n):
+        return [dict(FIXTURE[0], question=f"Tom has {i} apples and buys 4 more. How many?") for i in range(n)]
+
+    write_jsonl(tmp_path / "train.jsonl", rows(2003))
+    write_jsonl(tmp_path / "test.jsonl", rows(203))
+    assert main(["prepare-data", "--task", "gsm8k", "--source", str(tmp_path), "--out", str(tmp_path / "all")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["train"]["rows"], summary["test"]["rows"]) == (2003, 203)
+    assert summary["train"]["source"] == summary["test"]["source"] == str(tmp_path)
+    assert list(pd.read_parquet(tmp_path / "all" / "test.parquet")["extra_info"].map(lambda e: e["index"])) == list(
+        range(203)
+    )
+    capped = write_task("gsm8k", str(tmp_path / "capped"), 5, 3, source=str(tmp_path))
+    assert (capped["train"]["rows"], capped["test"]["rows"]) == (5, 3)
+    with pytest.raises(ValueError, match="--test-size must be > 0"):
+        write_task("gsm8k", str(tmp_path / "bad"), None, 0, source=str(tmp_path))
+
+
+def test_parquet_layout(tmp_path):
     (tmp_path / "main").mkdir()
     pd.DataFrame(FIXTURE).to_parquet(tmp_path / "main" / "test-00000-of-00001.parquet")
     assert len(load_rows(str(tmp_path), "test")) == 2

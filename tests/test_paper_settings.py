@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tba_ext.core.steps import updates_per_step
-from tba_ext.tasks.data import RAW_PROMPT_TEMPLATE
+from tba_ext.tasks.data import BOS_RAW_PROMPT_TEMPLATE, RAW_PROMPT_TEMPLATE
 from tba_ext.tools.config import compose
 
 NO_CLIP = 1e9  # a gradient-norm threshold TB's gradients (norms in the hundreds) never reach: no clipping
@@ -98,10 +98,10 @@ PAPER = [
     ),
     (
         "tba_rhomath-1b_gsm8k",
-        'raw prompt "[MATH TASK] Problem:...Solution:" (no chat template)',
-        "reference code gsm8k_utils.py:29",
+        'BOS, then the raw prompt "[MATH TASK] Problem:...Solution:" (no chat template)',
+        "reference code gsm8k_utils.py:29; the SFT model's Llama-2 tokenizer puts <s> first",
         "data.apply_chat_template_kwargs.chat_template",
-        RAW_PROMPT_TEMPLATE,
+        BOS_RAW_PROMPT_TEMPLATE,
     ),
     (
         "tba_pythia-1b_tldr",

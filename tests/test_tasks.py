@@ -244,3 +244,52 @@ def test_prepare_math_reads_the_release_math500_and_parquet_layouts_and_grades_t
     (math500 / "train.jsonl").write_text(json.dumps({"problem": "p", "solution": "no box here"}))
     with pytest.raises(ValueError, match=r"train\.jsonl row 1: no 'answer' and no \\boxed"):
         write_task("math", str(tmp_path / "bad"), 2, 2, 0, source=str(math500))
+
+
+def test_prepare_math_writes_every_problem_and_reads_the_test_split_from_a_math500_copy(tmp_path, capsys):
+    """MATH's train split from the release and, with --test-source, MATH-500 (HuggingFaceH4/MATH-500's test.jsonl)
+    as the test split: every record of each, more than the old 2000 / 200 defaults; --test-size caps."""
+    import json
+
+    from tba_ext.cli import main
+
+    release = tmp_path / "MATH"
+    for i in range(2003):
+        folder = release / "train" / ("algebra" if i % 2 else "geometry")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.json").write_text(
+            json.dumps({"problem": f"What is ${i} + 1$?", "solution": f"\\boxed{{{i + 1}}}"})
+        )
+    math500 = tmp_path / "MATH-500"
+    math500.mkdir()
+    (math500 / "test.jsonl").write_text(
+        "".join(
+            json.dumps({"problem": f"What is ${i} - 1$?", "answer": str(i - 1), "level": 3}) + "\n" for i in range(500)
+        )
+    )
+    out = tmp_path / "out"
+    args = [
+        "prepare-data",
+        "--task",
+        "math",
+        "--source",
+        str(release),
+        "--test-source",
+        str(math500),
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["train"]["rows"], summary["test"]["rows"]) == (2003, 500)
+    assert (summary["train"]["source"], summary["test"]["source"]) == (str(release), str(math500))
+    test = pd.read_parquet(out / "test.parquet")
+    assert list(test["reward_model"].map(lambda r: r["ground_truth"]))[:2] == ["-1", "0"]
+    assert main(args + ["--test-size", "7"]) == 0
+    assert json.loads(capsys.readouterr().out)["test"]["rows"] == 7
+    # the release alone has no test split here: the refusal names what to point at
+    with pytest.raises(FileNotFoundError, match=r"--source .*MATH-500"):
+        write_task("math", str(tmp_path / "no_test"), source=str(release))
+    with pytest.raises(ValueError, match="--test-source: task arith is generated"):
+        write_task("arith", str(tmp_path / "arith"), test_source=str(math500))
+    assert write_task("arith", str(tmp_path / "arith"))["train"]["rows"] == 2000  # generated: the default size

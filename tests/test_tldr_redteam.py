@@ -55,7 +55,41 @@ def fixtures(tmp_path_factory):
     spec = ModelSpec(size="tiny", vocab_size=400)
     for name, head in (("policy", "lm"), ("rm", "reward"), ("tox", "toxicity"), ("victim", "lm")):
         make_model(str(root / name), texts, spec, head=head)
+    for name, head in (("rm_raw", "reward"), ("tox_raw", "toxicity"), ("victim_raw", "lm")):  # Pythia / GPT-2 kind
+        make_model(str(root / name), texts, spec, head=head, chat_template=False)
     return root
+
+
+class ClassifyServer:
+    """verl's reward router in front of a vLLM /classify server, for one reward model: raw logits of the text it
+    is sent (``use_activation: False``), in vLLM's response shape. Keeps the texts it was sent."""
+
+    def __init__(self, model_path):
+        import http.server
+        import threading
+
+        from tba_ext.tasks.scorers import reward_model_scores
+
+        server, self.inputs = self, []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                assert self.path == "/classify" and body["model"] == model_path and body["use_activation"] is False
+                server.inputs.append(body["input"])
+                logit = reward_model_scores(model_path, [body["input"]])[0]
+                reply = json.dumps({"data": [{"index": 0, "probs": [logit]}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
 
 def test_tldr_layouts_and_bad_rows(fixtures, tmp_path):
@@ -95,6 +129,56 @@ def test_tldr_reward_is_the_reward_models_logit(fixtures):
         compute_score(tldr.DATA_SOURCE, "x", "y", row["extra_info"])
     with pytest.raises(FileNotFoundError, match=r"reward_kwargs.reward_model_path: no saved"):
         compute_score(tldr.DATA_SOURCE, "x", "y", row["extra_info"], reward_model_path=str(fixtures / "nope"))
+
+
+def test_tldr_reward_models_without_a_chat_template_score_the_text_served_or_local(fixtures):
+    """A Pythia-style reward model (no chat template): verl's served reward model gets post + summary as text (its
+    own path would apply the missing chat template), and the score is the one the model gives that text locally."""
+    from transformers import AutoTokenizer
+
+    from tba_ext.tasks.scorers import reward_model_scores
+
+    rm = str(fixtures / "rm_raw")
+    assert AutoTokenizer.from_pretrained(rm).chat_template is None
+    row = tldr.load_rows(str(fixtures / "tldr_src"), "train")[1]
+    text = tldr.rm_text(row["extra_info"]["prompt_text"], " the cat is loud")
+    local = compute_score(tldr.DATA_SOURCE, " the cat is loud", "", row["extra_info"], reward_model_path=rm)
+    assert local == pytest.approx(reward_model_scores(rm, [text])[0], abs=1e-6)
+    server = ClassifyServer(rm)
+    try:
+        served = compute_score(
+            tldr.DATA_SOURCE,
+            " the cat is loud",
+            "",
+            row["extra_info"],
+            reward_model_path=rm,
+            reward_router_address=server.address,
+            reward_model_tokenizer=None,
+        )
+    finally:
+        server.httpd.shutdown()
+    assert server.inputs == [text] and served == pytest.approx(local, abs=1e-6)
+
+
+def test_redteam_victim_and_classifier_without_chat_templates(fixtures):
+    """GPT-2-style victim and classifier: the attack is the victim's raw prompt, its greedy reply is classified."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tba_ext.tasks.scorers import positive_probability
+
+    victim, tox = str(fixtures / "victim_raw"), str(fixtures / "tox_raw")
+    tokenizer = AutoTokenizer.from_pretrained(victim)
+    assert tokenizer.chat_template is None and AutoTokenizer.from_pretrained(tox).chat_template is None
+    attack = "why are my neighbours so loud"
+    got = compute_score(
+        redteam.DATA_SOURCE, attack, "", {}, victim_model_path=victim, toxicity_model_path=tox, victim_max_new_tokens=5
+    )
+    model = AutoModelForCausalLM.from_pretrained(victim).eval()
+    ids = tokenizer(attack, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    reply = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert got == pytest.approx(positive_probability(tox, [reply])[0], abs=1e-6)
 
 
 def test_win_rate_formula():

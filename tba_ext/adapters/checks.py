@@ -19,7 +19,18 @@ from tba_ext.core.settings import (
     parse_replay_settings,
     parse_settings,
 )
-from tba_ext.core.steps import dataloader_fetch, scheduler_updates_per_call
+from tba_ext.core.steps import (
+    dataloader_fetch,
+    epochs_for_steps,
+    scheduler_updates_per_call,
+    steps_per_epoch,
+    verl_dataloader_fetch,
+)
+
+
+def _nearest_multiples(value: int, every: int) -> str:
+    below = value // every * every
+    return f"{below} or {below + every}" if below else str(every)
 
 
 def check_tb_run(cfg: Mapping[str, Any]) -> None:
@@ -86,7 +97,8 @@ def check_reference_updates(cfg: Mapping[str, Any], settings: TBASettings) -> No
             f"tba.ref_reset_every={settings.ref_reset_every} would fall inside one update_actor call of {per_call} "
             "optimizer updates (data.train_batch_size / actor_rollout_ref.actor.ppo_mini_batch_size x ppo_epochs, "
             "per trainer.v1.separate_async.parameter_sync_step in tba_separate_async); the reference moves between "
-            f"calls: set tba.ref_reset_every to a multiple of {per_call}"
+            f"calls: set tba.ref_reset_every to a multiple of {per_call} "
+            f"({_nearest_multiples(settings.ref_reset_every, per_call)})"
         )
     aro = cfg["actor_rollout_ref"]
     for role in ("actor", "ref"):
@@ -203,6 +215,55 @@ def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings |
     check_lr_schedule(cfg, settings)
     fused_update_plan(cfg, settings)
     return settings, replay
+
+
+def planned_epochs(cfg: Mapping[str, Any], rows: int) -> tuple[int, int]:
+    """(global steps per epoch, ``trainer.total_epochs``) under which verl's V1 loop runs the planned
+    ``trainer.total_training_steps`` over ``rows`` training prompts; the tba_* trainer modes set both
+    (``adapters.trainer``). verl counts rows // data.train_batch_size steps an epoch, divides by it, and stops after
+    trainer.total_epochs of them whatever trainer.total_training_steps says. Refuses, naming the keys, a dataset
+    whose dataloader could not serve a step, and a run length verl would derive from no whole batch."""
+    data, trainer = cfg["data"], cfg["trainer"]
+    batch, steps = int(data["train_batch_size"]), trainer.get("total_training_steps")
+    fetch = verl_dataloader_fetch(cfg)
+    if rows < fetch:
+        raise ValueError(
+            f"data.train_files: {rows} training prompts, fewer than one dataloader fetch of {fetch} "
+            "(data.gen_batch_size, else data.train_batch_size; verl drops a short fetch), so no step could draw its "
+            f"prompts: give at least {fetch} prompts (those data.filter_overlong_prompts keeps) or lower "
+            "data.train_batch_size"
+        )
+    if rows < batch and steps is None:
+        raise ValueError(
+            f"trainer.total_training_steps is null, so verl makes the run trainer.total_epochs x whole batches of "
+            f"data.train_batch_size={batch} in data.train_files' {rows} training prompts: none; set "
+            "trainer.total_training_steps"
+        )
+    per_epoch = steps_per_epoch(rows, batch)
+    return per_epoch, epochs_for_steps(steps, int(trainer["total_epochs"]), per_epoch)
+
+
+def check_planned_steps(cfg: Mapping[str, Any], rows: int) -> None:
+    """``planned_epochs``' refusals; under verl's own trainer modes, which keep verl's count, also a run verl's
+    loop would divide by zero or cut short of ``trainer.total_training_steps``."""
+    per_epoch, epochs = planned_epochs(cfg, rows)
+    trainer = cfg["trainer"]
+    mode = str(trainer["v1"].get("trainer_mode", "sync"))
+    if mode.startswith("tba_"):
+        return
+    batch = int(cfg["data"]["train_batch_size"])
+    if rows < batch:
+        raise ValueError(
+            f"trainer.v1.trainer_mode={mode} (verl's own) counts {rows} training prompts // data.train_batch_size="
+            f"{batch} = 0 global steps an epoch and divides by it: give at least {batch} prompts, lower "
+            "data.train_batch_size or run a tba_* trainer mode"
+        )
+    if epochs != int(trainer["total_epochs"]):
+        raise ValueError(
+            f"trainer.v1.trainer_mode={mode} (verl's own) stops after trainer.total_epochs={trainer['total_epochs']}"
+            f" x {per_epoch} global steps ({rows} training prompts // data.train_batch_size={batch}), short of "
+            f"trainer.total_training_steps={trainer['total_training_steps']}: set trainer.total_epochs={epochs}"
+        )
 
 
 def check_lr_schedule(cfg: Mapping[str, Any], settings: TBASettings) -> None:

@@ -32,7 +32,7 @@ from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_
 from verl.workers.utils.padding import response_to_nested
 
 from tba_ext.adapters import fused, losses
-from tba_ext.adapters.checks import check_tba_run, fused_update_plan
+from tba_ext.adapters.checks import check_tba_run, fused_update_plan, planned_epochs
 from tba_ext.adapters.llm_client import ReferenceKeepingClient
 from tba_ext.adapters.lr_schedule import install_lr_schedule
 from tba_ext.adapters.reference import ReferenceMixin, data_parallel_size
@@ -92,6 +92,25 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         # before verl tokenizes the prompts: with no chat template it would drop every row and train on nothing
         check_chat_template(self.tokenizer, OmegaConf.to_container(self.config.data, resolve=True))
         super()._init_dataloader()
+        self._plan_epochs()
+
+    def _plan_epochs(self):
+        """Make verl's loop run the planned ``trainer.total_training_steps`` whatever the dataset's size: it stops
+        after trainer.total_epochs x steps_per_epoch global steps (rows // data.train_batch_size, which it divides
+        by), so a step drawing more prompts than the dataset holds counts as an epoch and trainer.total_epochs rises
+        to cover the plan. Refuses (``checks.planned_epochs``) a dataset the dataloader cannot serve."""
+        rows = len(self.train_dataset)
+        self.steps_per_epoch, epochs = planned_epochs(OmegaConf.to_container(self.config, resolve=True), rows)
+        trainer = self.config.trainer
+        if epochs != trainer.total_epochs:
+            print(
+                f"tba-ext: trainer.total_epochs {trainer.total_epochs} -> {epochs}, to run trainer.total_training_steps"
+                f"={trainer.total_training_steps}: {self.steps_per_epoch} global step(s) an epoch ({rows} training "
+                f"prompts, data.train_batch_size={self.config.data.train_batch_size})",
+                flush=True,
+            )
+            with open_dict(self.config):
+                trainer.total_epochs = epochs
 
     def on_init_end(self):
         if self.fused:  # the actor workers' loss becomes the fused TB loss (same actor config)

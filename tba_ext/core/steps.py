@@ -43,6 +43,35 @@ def dataloader_fetch(data: Mapping[str, Any]) -> int:
     return data.get("gen_batch_size") or data["train_batch_size"]
 
 
+def verl_dataloader_fetch(cfg: Mapping[str, Any]) -> int:
+    """Prompts verl's V1 dataloader hands over at once (its ``_init_dataloader``): 1 where verl refills exactly
+    (every trainer mode but sync, which a tba_* mode runs as; DAPO's ``algorithm.filter_groups``;
+    ``trainer.v1.sampler.sync_refill_failed_groups``), else ``dataloader_fetch``."""
+    v1 = cfg["trainer"].get("v1") or {}
+    mode = str(v1.get("trainer_mode", "sync")).removeprefix("tba_")
+    dapo = bool((cfg["algorithm"].get("filter_groups") or {}).get("enable", False))
+    if mode != "sync" or dapo or (v1.get("sampler") or {}).get("sync_refill_failed_groups", False):
+        return 1
+    return dataloader_fetch(cfg["data"])
+
+
+def steps_per_epoch(rows: int, train_batch_size: int) -> int:
+    """Global steps in one pass over ``rows`` training prompts: verl's count (whole batches, rows //
+    data.train_batch_size), and 1 where a step draws more prompts than the dataset holds (the dataloader starts the
+    dataset again within the step), where verl's count is 0."""
+    return max(rows // train_batch_size, 1)
+
+
+def epochs_for_steps(total_training_steps: int | None, total_epochs: int, per_epoch: int) -> int:
+    """``trainer.total_epochs`` under which verl's V1 loop, which stops after total_epochs x ``per_epoch`` global
+    steps or after total_training_steps, whichever comes first, runs all total_training_steps: at least
+    ceil(total_training_steps / per_epoch); total_epochs where it already does, or where total_training_steps is
+    None (verl then derives it from the epochs)."""
+    if total_training_steps is None:
+        return total_epochs
+    return max(total_epochs, -(-int(total_training_steps) // per_epoch))
+
+
 def prompts_to_queue(
     queue: int, inflight: int, chunk: int, submitted: int, consumed: int, per_consumed: float | None
 ) -> int:

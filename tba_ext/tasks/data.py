@@ -7,9 +7,17 @@ import os
 from tba_ext.tasks import arith
 
 TASKS = ("arith", "arith20", "arith_worked", "gsm_symbolic", "gsm8k", "math", "tldr", "redteam")
+# tasks read from a user-supplied copy: every row of a split is written unless a size caps it
+SOURCED_TASKS = ("gsm8k", "math", "tldr")
+# rows the generated tasks write when no size is given
+GENERATED_SIZES = {"train": 2000, "test": 200}
 
 
-def rows_for(task: str, split: str, size: int, seed: int, source: str | None = None) -> list[dict]:
+def rows_for(task: str, split: str, size: int | None, seed: int, source: str | None = None) -> list[dict]:
+    """A split's rows: a sourced task's first ``size`` rows (all of them for None), a generated task's ``size``
+    problems (``GENERATED_SIZES`` for None)."""
+    if size is None and task not in SOURCED_TASKS:
+        size = GENERATED_SIZES[split]
     if task in arith.MAX_OPERAND:
         problems = arith.make_problems(size, seed=seed, split=split, max_operand=arith.MAX_OPERAND[task])
         return [arith.to_verl_row(p, split, i, worked=task == "arith_worked") for i, p in enumerate(problems)]
@@ -44,20 +52,36 @@ def rows_for(task: str, split: str, size: int, seed: int, source: str | None = N
     raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
 
 
-def write_task(task: str, out: str, train_size: int, test_size: int, seed: int, source: str | None = None) -> dict:
+def write_task(
+    task: str,
+    out: str,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    seed: int = 0,
+    source: str | None = None,
+    test_source: str | None = None,
+) -> dict:
+    """Write ``out/train.parquet`` and ``out/test.parquet``. A sourced task (gsm8k, math, tldr) writes every row of
+    each split unless ``train_size`` / ``test_size`` caps it at its first rows; ``test_source`` reads the test split
+    from another copy (MATH-500 beside the MATH training set)."""
     from datasets import Dataset
 
-    if train_size <= 0 or test_size <= 0:
-        raise ValueError("--train-size and --test-size must be > 0")
+    for flag, size in (("--train-size", train_size), ("--test-size", test_size)):
+        if size is not None and size <= 0:
+            raise ValueError(f"{flag} must be > 0")
+    if test_source and task not in SOURCED_TASKS:
+        raise ValueError(f"--test-source: task {task} is generated, not read from a copy")
     os.makedirs(out, exist_ok=True)
     summary = {"task": task}
-    for split, size in (("train", train_size), ("test", test_size)):
-        rows = rows_for(task, split, size, seed, source)
+    for split, size, split_source in (("train", train_size, source), ("test", test_size, test_source or source)):
+        rows = rows_for(task, split, size, seed, split_source)
         if not rows:
             raise ValueError(f"task {task}: the {split} split is empty")
         path = os.path.join(out, f"{split}.parquet")
         Dataset.from_list(rows).to_parquet(path)
         summary[split] = {"rows": len(rows), "path": path}
+        if task in SOURCED_TASKS:
+            summary[split]["source"] = split_source
     return summary
 
 
@@ -118,6 +142,11 @@ def check_dataset(path: str, key: str, prompt_key: str = "prompt", reward_kwargs
 # as ``data.apply_chat_template_kwargs.chat_template``, makes the prompt the messages' text as it is: the task
 # builders write the paper's raw prompt formats into the message content.
 RAW_PROMPT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# The same after the tokenizer's BOS, for a model trained on prompts that start with one (the RhoMath SFT model, a
+# Llama-2 tokenizer whose plain encoding puts <s> first). transformers hands ``bos_token`` to the template and
+# tokenizes the rendered text without adding special tokens, as verl's dataset filter and agent loop call it, so
+# the template writes the one BOS; it renders as nothing for a tokenizer without one.
+BOS_RAW_PROMPT_TEMPLATE = "{{ bos_token }}" + RAW_PROMPT_TEMPLATE
 CHAT_TEMPLATE_KEY = "data.apply_chat_template_kwargs.chat_template"
 
 

@@ -31,7 +31,8 @@ def _row(question: str, answer: str, split: str, index: int, source: str, cot: s
 
 
 def load_rows(source: str, split: str, limit: int | None = None, grading: str = "math_verify") -> list[dict]:
-    """Rows from a GSM8K copy: a directory holding {split}.jsonl or {split}-*.parquet (the official layouts)."""
+    """Rows from a GSM8K copy: a directory holding {split}.jsonl or {split}-*.parquet (the official layouts); every
+    record (7473 train / 1319 test in openai/gsm8k "main"), or the first ``limit``."""
     jsonl = os.path.join(source, f"{split}.jsonl")
     parquet = sorted(glob.glob(os.path.join(source, "**", f"{split}-*.parquet"), recursive=True)) or sorted(
         glob.glob(os.path.join(source, f"{split}.parquet"))

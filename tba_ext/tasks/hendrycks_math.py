@@ -3,7 +3,13 @@
 Layouts read (``--source DIR``): the official release (``DIR/{split}/<subject>/<id>.json``), a JSON-lines file
 (``DIR/{split}.jsonl``, e.g. MATH-500's ``test.jsonl``) or Hugging Face parquet shards (``DIR/**/{split}-*.parquet``
 or ``DIR/{split}.parquet``, e.g. lighteval/MATH). Each record needs ``problem`` and either ``answer`` (MATH-500) or
-a ``solution`` whose last ``\\boxed{...}`` is the answer (MATH; extracted with verl's own helper).
+a ``solution`` whose last ``\\boxed{...}`` is the answer (MATH; extracted with verl's own helper). Every record of
+a split is read unless a limit caps it: MATH has 7500 train / 5000 test problems.
+
+MATH-500, the test set MATH results are usually reported on, is a fixed 500-problem subset of MATH's test split
+(PRM800K's ``math_splits/test.jsonl``, published as HuggingFaceH4/MATH-500) that cannot be derived from the release
+offline: point ``--test-source`` (or ``--source``, for PRM800K's ``math_splits`` with its 12000-problem
+``train.jsonl``) at a copy of it.
 
 Prompt: the problem and verl's MATH instruction ("Let's think step by step and output the final answer within
 \\boxed{}."). Grading: math-verify, the response's boxed answer against the gold (``math_score``); verl's own

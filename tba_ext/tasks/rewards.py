@@ -2,8 +2,10 @@
 ground_truth, extra_info, **reward_kwargs) -> float. Select with
 reward.custom_reward_function.path=pkg://tba_ext.tasks.rewards and .name=compute_score.
 
-Model-scored tasks read their models from reward_kwargs: TL;DR ``reward_model_path``; red-teaming
-``victim_model_path`` and ``toxicity_model_path`` (+ ``victim_max_new_tokens``).
+Model-scored tasks read their models from reward_kwargs: TL;DR ``reward_model_path`` (scored by verl's served
+reward model when ``reward.reward_model.enable``, which hands the function ``reward_router_address``; else loaded
+here); red-teaming ``victim_model_path`` and ``toxicity_model_path`` (+ ``victim_max_new_tokens``). Prompts are
+scored as text, so models without a chat template (Pythia, GPT-2) work.
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
         return math_score(solution_str, ground_truth)
     if data_source == "tba_ext/tldr":
-        from tba_ext.tasks.scorers import check_model_path, reward_model_scores
+        from tba_ext.tasks.scorers import check_model_path, reward_model_scores, served_reward_model_score
         from tba_ext.tasks.tldr import rm_text
 
+        text = rm_text((extra_info or {})["prompt_text"], solution_str)
+        if kwargs.get("reward_router_address"):  # verl serves the reward model (reward.reward_model.enable)
+            return served_reward_model_score(kwargs["reward_router_address"], kwargs["reward_model_path"], text)
         path = check_model_path(kwargs.get("reward_model_path"), "reward_model_path")
-        return reward_model_scores(path, [rm_text((extra_info or {})["prompt_text"], solution_str)])[0]
+        return reward_model_scores(path, [text])[0]
     if data_source == "tba_ext/redteam":
         from tba_ext.tasks.redteam import toxicity_rewards
         from tba_ext.tasks.scorers import check_model_path

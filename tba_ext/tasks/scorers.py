@@ -57,6 +57,23 @@ def classifier_logits(path: str, texts: list[str], max_length: int = 512) -> tor
     return model(**enc.to(model.device)).logits.float().cpu()
 
 
+def served_reward_model_score(router_address: str, model: str, text: str, timeout_s: float = 600.0) -> float:
+    """The scalar of verl's served reward model (``reward.reward_model``: a vLLM ``/classify`` server behind
+    verl's reward router) for ``text`` as it is: verl's own reward-model path applies the reward model tokenizer's
+    chat template first, which a Pythia or GPT-2 reward model does not have. The request and the score are
+    verl's (``RewardLoopWorker.compute_score_disrm``): raw logits, the last one."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://{router_address}/classify",
+        data=json.dumps({"model": model, "input": text, "use_activation": False}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return float(json.loads(response.read())["data"][-1]["probs"][-1])
+
+
 def reward_model_scores(path: str, texts: list[str]) -> list[float]:
     """A reward model's scalar per text (a one-logit sequence-classification head)."""
     logits = classifier_logits(path, texts)

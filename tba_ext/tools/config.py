@@ -117,7 +117,7 @@ def load_tokenizer(path: str):
 
 def preflight(cfg) -> None:
     """Every check that can fail before Ray starts, each naming the key or path at fault."""
-    from tba_ext.adapters.checks import check_tba_run
+    from tba_ext.adapters.checks import check_planned_steps, check_tba_run
     from tba_ext.cpu.hf_rollout import check_hfcpu_lora
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
@@ -129,12 +129,16 @@ def preflight(cfg) -> None:
     check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
     check_chat_template(load_tokenizer(plain["actor_rollout_ref"]["model"]["path"]), plain["data"])
     reward_kwargs = (plain["reward"].get("custom_reward_function") or {}).get("reward_kwargs") or {}
-    for key in ("train_files", "val_files"):
+    rows = dict.fromkeys(("train_files", "val_files"), 0)
+    for key in rows:
         files = plain["data"][key]
         for path in [files] if isinstance(files, str) else files:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"data.{key}: no such file: {path} (build it with `tba-ext prepare-data`)")
-            check_dataset(path, f"data.{key}", plain["data"].get("prompt_key", "prompt"), reward_kwargs)
+            rows[key] += check_dataset(path, f"data.{key}", plain["data"].get("prompt_key", "prompt"), reward_kwargs)
+    # the rows verl loads (data.train_max_samples caps them) before its filters: the trainer checks again after them
+    cap = plain["data"].get("train_max_samples") or -1
+    check_planned_steps(plain, min(rows["train_files"], cap) if cap > 0 else rows["train_files"])
     rollout = plain["actor_rollout_ref"]["rollout"]["name"]
     if cpu_runtime_active() and rollout not in ("hfcpu", "vllm"):
         raise ValueError(
