@@ -1,170 +1,110 @@
-"""The fused TB update against the three-call path on one GPU, with plain torch + ``tba_ext.core`` (no verl, no Ray).
+"""The fused TB update against the three-call path on one GPU, both through verl's actor and reference workers and
+its FSDP engine in one process (``engine_update``; no Ray, no TransferQueue).
 
     python benchmarks/trainer_passes_gpu.py [--size 0.5b|tiny] [--device cuda|cpu] [--groups 4] [--group-size 16]
                                             [--prompt-len 128] [--response-len 1024] [--updates 5] [--repeats 3]
 
-What ``benchmarks/trainer_passes.py`` measures through verl on CPU, at the size TBA's users train: a Qwen2 model
-built from a config (Qwen2.5-0.5B's shape, random weights, bf16), ``--groups`` prompt groups of ``--group-size`` (K)
-responses of ``--response-len`` tokens per optimizer update, random tokens and rewards, the reference log-probs
-stored with the data (the searcher computed them). One micro-batch is one prompt group in both paths. Per update:
-- three_call (verl's pipeline without tba-ext's fused update): a no-grad forward of every group for the old
-  log-probs, a no-grad forward of the reference model, the TB advantage on the host (``tb_advantage``), then a
-  forward + backward of every group with ``tb_loss_from_advantage``: 5 forward units per trajectory;
-- fused (``tba.fused_update``, the reference trainer's work): a forward + backward of every group with
-  ``vargrad_tb_loss`` (log Z the detached group mean of the same forward): 3 units.
-Both end in one AdamW step. Before timing, both paths' loss and gradient are compared at theta = old, where they
-are the same function (App. A): ``check_at_old``. Timed: seconds per update after ``--warmup`` updates, the paths
-alternating by repeat; medians with min-max. Writes ``benchmarks/results/trainer_passes_gpu.json`` with
-``trainer_s_fused_vs_three_call`` and the peak memory of each path. ``--size tiny --device cpu`` runs in seconds
-(the test suite's check of this script).
+What ``benchmarks/trainer_passes.py`` measures through a whole verl run on CPU, at the size TBA's users train: a
+Qwen2 model built from a config (Qwen2.5-0.5B's shape, random weights, bf16 forward over float32 weights as verl
+trains), ``--groups`` prompt groups of ``--group-size`` (K) responses of up to ``--response-len`` tokens per
+optimizer update, random tokens and rewards, the actor moved away from the reference (``Workers.drift``), the
+reference log-probs stored with the data (computed once by verl's reference worker, as the searcher's are). verl's
+engine cuts each call into micro-batches (``prepare_micro_batches``) of one prompt group in both paths. Per update:
+- three_call (verl's pipeline without tba-ext's fused update): ``compute_log_prob`` (old log-probs, with the entropy
+  verl's trainer asks for), ``compute_ref_log_prob``, the KL-in-reward score and the registered ``tb`` estimator on
+  the host, then ``update_actor`` with verl's ``ppo_loss`` (loss_mode tb): 5 forward units per trajectory;
+- fused (``tba.fused_update``): ``update_actor`` with tba-ext's ``fused_tb_loss`` (log Z the detached group mean of
+  the same forward; group ids in the batch's ``tba_group``, moved to the device by verl with the micro-batch): 3 units.
+Both end in verl's optimizer step (AdamW, grad_clip 1). Before timing, both paths' loss and gradient before the clip
+are compared at theta = old (learning rate 0 for those two updates), where they are the same function (App. A):
+``check_at_old``. Timed: seconds per update after ``--warmup`` updates, the paths alternating by repeat; medians with
+min-max. Writes ``benchmarks/results/trainer_passes_gpu.json`` with ``trainer_s_fused_vs_three_call`` and the peak
+memory of each path. ``--size tiny --device cpu`` runs in seconds (the test suite's check of this
+script). Not yet run on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the checkout, not installed
-from tba_ext.core.tb import (
-    group_ids,
-    sequence_logprob,
-    tb_advantage,
-    tb_loss_from_advantage,
-    vargrad_tb_loss,
-)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_update
 
-# Qwen2.5-0.5B's shape (its config.json); tiny: the CPU check of this script
-SIZES = {
-    "0.5b": dict(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        tie_word_embeddings=True,
-    ),
-}
-BETA = 0.05
 FORWARD_UNITS = {"three_call": 5, "fused": 3}  # per trajectory: a forward 1, a forward + backward 3
 
 
-def build_model(size: str, dtype: torch.dtype, device: str, seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(**SIZES[size], max_position_embeddings=8192, attn_implementation="sdpa")
-    return Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
+def padded(nested: torch.Tensor) -> torch.Tensor:
+    return torch.nested.to_padded_tensor(nested, 0.0)
 
 
-def make_groups(n_groups, group_size, prompt_len, response_len, vocab, device, seed=1):
-    """Random prompt groups: (input_ids (K, P + T), response_mask (K, T), reward (K,)) each, K responses sharing a
-    prompt; response lengths vary within a group so the mask matters."""
-    g = torch.Generator().manual_seed(seed)
-    groups = []
-    for _ in range(n_groups):
-        prompt = torch.randint(vocab, (1, prompt_len), generator=g).expand(group_size, -1)
-        response = torch.randint(vocab, (group_size, response_len), generator=g)
-        lengths = torch.randint(response_len // 2, response_len + 1, (group_size,), generator=g)
-        mask = (torch.arange(response_len)[None, :] < lengths[:, None]).float()
-        reward = torch.randint(0, 2, (group_size,), generator=g).float()
-        groups.append(
-            {
-                "input_ids": torch.cat([prompt, response], 1).to(device),
-                "mask": mask.to(device),
-                "reward": reward.to(device),
-            }
-        )
-    return groups
+def tb_advantages(batch, old: torch.Tensor, ref: torch.Tensor, algorithm) -> torch.Tensor:
+    """verl's KL-in-reward score (k1 per token, ``kl_penalty``) and the registered ``tb`` estimator over the
+    prompt uids, on the host: the advantage, nested like the responses."""
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, kl_penalty
+    from verl.workers.utils.padding import response_to_nested
+
+    mask = padded(batch["response_mask"]).float()
+    kl = kl_penalty(padded(old).cpu(), padded(ref).cpu(), kl_penalty="kl")
+    score = padded(batch["rm_scores"]) - float(algorithm.kl_ctrl.kl_coef) * kl * mask
+    uids = np.array(list(batch["uid"]), dtype=object)
+    advantage, _ = get_adv_estimator_fn("tb")(
+        token_level_rewards=score, response_mask=mask, index=uids, config=algorithm
+    )
+    return response_to_nested(advantage, batch["response_mask"])
 
 
-def response_logprob(model, input_ids, response_len):
-    """Sequence-level inputs -> per-token log-probs of the response tokens (K, T), in float32."""
-    logits = model(input_ids=input_ids).logits[:, -response_len - 1 : -1]
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, input_ids[:, -response_len:, None]).squeeze(-1)
+def three_call_update(workers, batch, algorithm, group_size: int, keep_gradient: bool = False) -> dict:
+    """verl's three calls (old log-probs, reference log-probs, update with ppo_loss), the advantage between."""
+    old = workers.log_probs(batch, "actor", calculate_entropy=True)
+    ref = workers.log_probs(batch, "ref")
+    data = batch.copy()
+    data["old_log_probs"], data["ref_log_prob"] = old.cpu(), ref.cpu()
+    data["advantages"] = tb_advantages(batch, old, ref, algorithm)
+    workers.set_loss(workers.ppo_loss)
+    return workers.update(
+        engine_update.update_batch(data, "three_call", group_size, reference_in_update=False), keep_gradient
+    )
 
 
-def seq_logprob(model, group, response_len):
-    return sequence_logprob(response_logprob(model, group["input_ids"], response_len), group["mask"])
+def fused_update(workers, batch, group_size: int, micro_groups: int = 1, keep_gradient: bool = False) -> dict:
+    """One verl call: the update with the fused loss, the reference log-probs stored with the data."""
+    workers.set_loss(workers.fused_loss)
+    data = engine_update.update_batch(batch, "tb", group_size, micro_groups, reference_in_update=False)
+    return workers.update(data, keep_gradient)
 
 
-@torch.no_grad()
-def stored_reference(ref_model, groups, response_len):
-    """The reference log-probs the searcher stores with each trajectory (computed once, outside the timing)."""
-    for group in groups:
-        group["ref_seq"] = seq_logprob(ref_model, group, response_len)
-
-
-def fused_backward(model, groups, response_len, n_total):
-    """One forward + backward per group of eq. 5 with log Z from the same forward; returns the batch-mean loss."""
-    total = 0.0
-    for group in groups:
-        policy = seq_logprob(model, group, response_len)
-        ids = torch.zeros(len(policy), dtype=torch.long, device=policy.device)  # one group per micro-batch
-        loss, _ = vargrad_tb_loss(policy, group["ref_seq"], group["reward"], ids, BETA)
-        (loss.sum() / n_total).backward()
-        total += float(loss.detach().sum()) / n_total
-    return total
-
-
-def three_call_backward(model, ref_model, groups, response_len, n_total):
-    """verl's three calls: old log-probs (no grad), reference log-probs (no grad), the advantage on the host from
-    the KL-in-reward score, then one forward + backward per group of the advantage-form loss."""
-    with torch.no_grad():
-        old = [seq_logprob(model, group, response_len) for group in groups]
-        ref = [seq_logprob(ref_model, group, response_len) for group in groups]
-    old_all, ref_all = torch.cat(old).cpu(), torch.cat(ref).cpu()
-    reward = torch.cat([group["reward"] for group in groups]).cpu()
-    ids = group_ids([i for i, group in enumerate(groups) for _ in range(len(group["reward"]))])
-    advantage, _ = tb_advantage(reward - BETA * (old_all - ref_all), ids, BETA)
-    advantage = advantage.to(old[0].device).split([len(o) for o in old])
-    total = 0.0
-    for group, old_seq, adv in zip(groups, old, advantage):
-        loss = tb_loss_from_advantage(seq_logprob(model, group, response_len), old_seq, adv)
-        (loss.sum() / n_total).backward()
-        total += float(loss.detach().sum()) / n_total
-    return total
-
-
-def gradient(model):
-    return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
-
-
-def check_at_old(model, ref_model, groups, response_len, n_total) -> dict:
-    """Both paths at theta = old (no step between): their losses and gradients, relative differences."""
-    model.zero_grad(set_to_none=True)
-    loss_fused = fused_backward(model, groups, response_len, n_total)
-    grad_fused = gradient(model)
-    model.zero_grad(set_to_none=True)
-    loss_three = three_call_backward(model, ref_model, groups, response_len, n_total)
-    grad_three = gradient(model)
-    model.zero_grad(set_to_none=True)
+def check_at_old(workers, batch, algorithm, group_size: int, micro_groups: int = 1) -> dict:
+    """Both paths at theta = old (learning rate 0: neither update moves the weights): their losses and gradients
+    before verl's clip, relative differences."""
+    with workers.frozen():
+        fused = fused_update(workers, batch, group_size, micro_groups, keep_gradient=True)
+    grad_fused = engine_update.flat(workers.gradient)
+    with workers.frozen():
+        three = three_call_update(workers, batch, algorithm, group_size, keep_gradient=True)
+    grad_three = engine_update.flat(workers.gradient)
     return {
-        "loss_fused": loss_fused,
-        "loss_three_call": loss_three,
-        "loss_rel_diff": abs(loss_fused - loss_three) / max(abs(loss_three), 1e-30),
-        "grad_rel_diff": float((grad_fused - grad_three).norm() / grad_three.norm().clamp_min(1e-30)),
+        "loss_fused": fused["loss"],
+        "loss_three_call": three["loss"],
+        "loss_rel_diff": abs(fused["loss"] - three["loss"]) / max(abs(three["loss"]), 1e-30),
+        "grad_rel_diff": engine_update.relative(grad_fused, grad_three),
     }
+
+
+def with_stored_reference(workers, batch):
+    """``batch`` with its reference log-probs from verl's reference worker (the searcher's, in a run)."""
+    from tba_ext.adapters.reference import TODO_FIELD
+
+    batch = batch.exclude(TODO_FIELD)
+    batch["ref_log_prob"] = workers.log_probs(batch, "ref").cpu()
+    return batch
 
 
 def sync(device):
@@ -172,17 +112,15 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed_updates(path, model, ref_model, optimizer, groups, args, n_total) -> list[float]:
+def timed_updates(path, workers, batch, algorithm, args) -> list[float]:
     seconds = []
     for i in range(args.warmup + args.updates):
         sync(args.device)
         start = time.perf_counter()
         if path == "fused":
-            fused_backward(model, groups, args.response_len, n_total)
+            fused_update(workers, batch, args.group_size)
         else:
-            three_call_backward(model, ref_model, groups, args.response_len, n_total)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            three_call_update(workers, batch, algorithm, args.group_size)
         sync(args.device)
         if i >= args.warmup:
             seconds.append(time.perf_counter() - start)
@@ -193,27 +131,31 @@ def spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def provenance(device) -> dict:
-    def git(*cmd):
-        try:
-            return subprocess.run(["git", *cmd], capture_output=True, text=True, timeout=10).stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    return {
-        "commit": git("rev-parse", "HEAD"),  # None where the tree travelled without .git
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+def measure(workers, batch, algorithm, args) -> tuple[dict, dict]:
+    """Seconds per update of each path (per repeat, the median of its updates) and its peak device memory."""
+    seconds: dict[str, list[float]] = {"three_call": [], "fused": []}
+    peak_bytes = dict.fromkeys(seconds, 0)
+    for repeat in range(args.repeats):
+        order = list(seconds) if repeat % 2 == 0 else list(seconds)[::-1]  # alternate: drifts reach both alike
+        for path in order:
+            if args.device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            seconds[path].append(statistics.median(timed_updates(path, workers, batch, algorithm, args)))
+            if args.device.startswith("cuda"):
+                peak_bytes[path] = max(peak_bytes[path], torch.cuda.max_memory_allocated())
+            print(f"repeat {repeat + 1}/{args.repeats} {path}: {seconds[path][-1]:.3f} s/update", flush=True)
+    return seconds, peak_bytes
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
+    parser.add_argument("--size", choices=sorted(engine_update.SIZES), default="0.5b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(engine_update.VERL_DTYPE),
+        help="the forward's; default bfloat16 on cuda, else float32",
+    )
     parser.add_argument("--groups", type=int, default=4, help="prompt groups per optimizer update")
     parser.add_argument("--group-size", type=int, default=16, help="K responses per prompt")
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -223,32 +165,18 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/trainer_passes_gpu.json")
     args = parser.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
 
     started = time.time()
-    model = build_model(args.size, dtype, args.device)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # the SFT model: a frozen copy
-    groups = make_groups(
-        args.groups, args.group_size, args.prompt_len, args.response_len, model.config.vocab_size, args.device
-    )
-    n_total = args.groups * args.group_size
-    stored_reference(ref_model, groups, args.response_len)
-    check = check_at_old(model, ref_model, groups, args.response_len, n_total)
-    print(f"at theta = old: loss rel diff {check['loss_rel_diff']:.2e}, grad rel diff {check['grad_rel_diff']:.2e}")
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    seconds: dict[str, list[float]] = {"three_call": [], "fused": []}
-    peak_bytes = dict.fromkeys(seconds, 0)
-    for repeat in range(args.repeats):
-        order = list(seconds) if repeat % 2 == 0 else list(seconds)[::-1]  # alternate: drifts reach both alike
-        for path in order:
-            if args.device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
-            run = timed_updates(path, model, ref_model, optimizer, groups, args, n_total)
-            seconds[path].append(statistics.median(run))
-            if args.device.startswith("cuda"):
-                peak_bytes[path] = max(peak_bytes[path], torch.cuda.max_memory_allocated())
-            print(f"repeat {repeat + 1}/{args.repeats} {path}: {seconds[path][-1]:.3f} s/update", flush=True)
+    sizes = (args.groups, args.group_size, args.response_len, 1e-6)
+    with engine_update.built("cpu_tb", args.size, args.device, args.dtype, *sizes) as (workers, config, _):
+        vocab = engine_update.SIZES[args.size]["vocab_size"]
+        batch = engine_update.make_batch(args.groups, args.group_size, args.prompt_len, args.response_len, vocab)
+        batch = with_stored_reference(workers, batch)
+        check = check_at_old(workers, batch, config.algorithm, args.group_size)
+        print(f"at theta = old: loss rel diff {check['loss_rel_diff']:.2e}, grad rel diff {check['grad_rel_diff']:.2e}")
+        seconds, peak_bytes = measure(workers, batch, config.algorithm, args)
+        parameters = sum(p.numel() for p in workers.module.parameters())
 
     paths = {
         path: {
@@ -260,13 +188,14 @@ def main(argv=None):
     }
     result = {
         "how": (
-            f"benchmarks/trainer_passes_gpu.py: Qwen2 {args.size} from a config, random weights, {args.dtype}, "
-            f"{args.groups} groups x K={args.group_size} x ({args.prompt_len} prompt + {args.response_len} response) "
-            f"tokens per update, one group per micro-batch, AdamW; per repeat the median of {args.updates} updates "
-            f"after {args.warmup} warm-up; {args.repeats} repeats, paths alternating; medians with min-max"
+            f"benchmarks/trainer_passes_gpu.py: Qwen2 {args.size} from a config, random weights, {args.dtype} "
+            f"forward, {args.groups} groups x K={args.group_size} x ({args.prompt_len} prompt + up to "
+            f"{args.response_len} response) tokens per update, verl's actor and reference workers in one process, "
+            f"one group per micro-batch, AdamW; per repeat the median of {args.updates} updates after "
+            f"{args.warmup} warm-up; {args.repeats} repeats, paths alternating; medians with min-max"
         ),
-        "provenance": provenance(args.device),
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "provenance": engine_update.provenance(args.device),
+        "parameters": parameters,
         "check_at_old": check,
         "paths": paths,
         "trainer_s_fused_vs_three_call": paths["fused"]["s_per_update"]["median"]

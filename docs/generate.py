@@ -272,6 +272,22 @@ def cpu_overlap(doc: dict) -> str:
     return f"Throughput of single-threaded workers against one alone on {doc['cpus']} cores: {cases}.\n"
 
 
+def gpu_smoke(doc: dict) -> str:
+    rows = [
+        f"| {mode} | {u['loss_rel_diff']:.1e} | {u['grad_rel_diff']:.1e} | {u['ref_log_prob_max_abs_diff']:.1e} | "
+        f"{'yes' if u['ok'] else 'NO'} |"
+        for mode, u in doc["updates"].items()
+    ]
+    head = "| update | loss rel. diff | gradient rel. diff | reference max abs diff | within tolerance |"
+    return f"Tolerances {doc['tolerance']}.\n\n" + "\n".join([head, "|---|---|---|---|---|", *rows]) + "\n"
+
+
+def trainer_passes_gpu(doc: dict) -> str:
+    times = {name: p["s_per_update"] for name, p in doc["paths"].items()}
+    paths = " ".join(f"{n} {t['median']:.3f} s/update ({t['min']:.3f}-{t['max']:.3f});" for n, t in times.items())
+    return f"{paths} fused / three-call {doc['trainer_s_fused_vs_three_call']:.2f} on {doc['provenance']['device']}.\n"
+
+
 # file name (without .json) -> (title, what made it, renderer)
 RENDERERS = {
     "trainer_passes": (
@@ -302,6 +318,12 @@ RENDERERS = {
     "compare": ("TB, TBA′ and Dr. GRPO over staleness", "benchmarks/compare_grid.py", compare_table),
     "e2e_margins": ("How close the e2e checks come to their bounds", "benchmarks/e2e_margins.py", e2e_margins),
     "cpu_overlap": ("What two cores give", "benchmarks/cpu_overlap.py", cpu_overlap),
+    "gpu_smoke": ("One fused TB and TBA′ update on a GPU", "benchmarks/gpu_smoke.py", gpu_smoke),
+    "trainer_passes_gpu": (
+        "Fused update against the three-call path on a GPU",
+        "benchmarks/trainer_passes_gpu.py",
+        trainer_passes_gpu,
+    ),
 }
 
 

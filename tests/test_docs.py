@@ -1,6 +1,8 @@
 """The docs are true of the code: the site builds with strict warnings, its generated parts are current, every
 code path it names exists, every result says how it was made, the README's switch blocks pass the start-up
-checks of a verl pipeline they are pasted into, and every install line names verl extras that bring what it is for."""
+checks of a verl pipeline they are pasted into, every install line names verl extras that bring what it is for, and
+the README, the hand-written pages and the CHANGELOG carry no run history (no commits; one Added / Changed / Fixed
+per release)."""
 
 import json
 import re
@@ -63,6 +65,27 @@ def test_every_result_says_how_and_where_it_was_made():
         )
         for p in provenances:
             assert p and p.get("commit") and p.get("date") and p.get("cores"), path
+
+
+# a commit hash: 7-40 hex digits with at least one letter and one digit
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def test_the_readme_the_hand_written_docs_and_the_changelog_are_free_of_run_history():
+    """Provenance (commits, dates, machines) is on the generated results page; the README, the hand-written pages
+    and the CHANGELOG name no commit, and the CHANGELOG gives each release one Added, one Changed and one Fixed
+    at most."""
+    for page in [*PAGES, ROOT / "CHANGELOG.md"]:
+        if page != ROOT / "docs" / "results.md":
+            assert not COMMIT_HASH.findall(page.read_text()), (page.name, COMMIT_HASH.findall(page.read_text()))
+    releases = re.split(r"^## ", (ROOT / "CHANGELOG.md").read_text(), flags=re.M)[1:]
+    assert releases and releases[0].startswith("Unreleased")
+    for release in releases:
+        headings = re.findall(r"^### (.+)$", release, re.M)
+        assert len(headings) == len(set(headings)) and set(headings) <= {"Added", "Changed", "Fixed"}, (
+            release.splitlines()[0],
+            headings,
+        )
 
 
 def switch_blocks() -> list[list[str]]:

@@ -68,6 +68,9 @@ def fused_terms(config, log_prob, padded, beta: float, mode: str, group_size: in
     the micro-batch does not hold exactly ``group_size`` (rollout.n) rows.
     """
     batch_info = config.global_batch_info
+    # sequence sums in float32: a bf16 forward's log-probs summed in bf16 (CPU autocast does not promote sum) put
+    # the TB loss a quarter off; the cast is (B, T), against the model's forward
+    log_prob = log_prob.float()
     mask = padded["response_mask"].to(log_prob.dtype)
     groups, sizes = tb.first_member(padded[GROUP_FIELD].to(log_prob.device))
     n_rows = groups.shape[0]
