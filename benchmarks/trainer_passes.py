@@ -88,6 +88,8 @@ def one_run(run_dir, name, config, overrides, steps, repeat):
         "forward_units_per_trajectory": statistics.median(
             d["tba/trainer_forward_units_per_trajectory"] for d in measured
         ),
+        # the trainer's work grows with the responses' length, which differs between policies as they learn
+        "response_length": statistics.median(d.get("response_length/mean", 0.0) for d in measured),
         "updates": len(measured),
         "reward_last": measured[-1].get("critic/score/mean"),
     }
@@ -119,6 +121,7 @@ def main():
             "stage_s": {s: statistics.median(r["stage_s"][s] for r in rs) for s in STAGES},
             "gen_s": spread([r["gen_s"] for r in rs]),
             "step_s": spread([r["step_s"] for r in rs]),
+            "response_length": statistics.median(r["response_length"] for r in rs),
             "trainer_calls_per_update": statistics.median(r["trainer_calls_per_update"] for r in rs),
             "forward_units_per_trajectory": statistics.median(r["forward_units_per_trajectory"] for r in rs),
         }
@@ -166,6 +169,17 @@ def main():
             "tb": ratio("tb_fused", "tb_fused_ref_call"),
             "tb_pg": ratio("tb_pg_fused", "tb_pg_fused_ref_call"),
         },
+        # TBA' against TB, per update and per response token (the two policies' responses differ in length)
+        "tb_pg_vs_tb": {
+            "trainer_s": ratio("tb_pg_fused", "tb_fused"),
+            "trainer_s_per_response_token": (
+                ratio("tb_pg_fused", "tb_fused")
+                * summary["tb_fused"]["response_length"]
+                / summary["tb_pg_fused"]["response_length"]
+                if "tb_pg_fused" in summary and "tb_fused" in summary
+                else None
+            ),
+        },
         # the EMA reference against the fixed one, both computing every (fresh) row's reference in the update:
         # what the per-update weight average adds to the step
         "ema_reference_step_s_minus_fixed": (
@@ -190,6 +204,7 @@ def main():
         "trainer_s_vs_three_call",
         "trainer_s_vs_drgrpo",
         "trainer_s_reference_in_update_vs_own_call",
+        "tb_pg_vs_tb",
     ):
         print(f"{key}: " + ", ".join(f"{k} {v:.3g}" for k, v in result[key].items() if v is not None))
     plot(summary, args.out.replace(".json", ".png"))

@@ -177,14 +177,15 @@ def goal_line(doc: dict, keys: dict[str, str]) -> str:
 def trainer_passes(doc: dict) -> str:
     rows = [
         "| configuration | trainer s / update | worker calls / update | forward units / trajectory "
-        "| generation s / step |",
-        "|---|---|---|---|---|",
+        "| generation s / step | response tokens |",
+        "|---|---|---|---|---|---|",
     ]
     for name, c in doc["configurations"].items():
         gen = spread(c["gen_s"]) if "gen_s" in c else ""
+        length = f"{c['response_length']:.1f}" if "response_length" in c else ""
         rows.append(
             f"| {name} | {spread(c['trainer_s'])} | {c['trainer_calls_per_update']:g} | "
-            f"{c['forward_units_per_trajectory']:g} | {gen} |"
+            f"{c['forward_units_per_trajectory']:g} | {gen} | {length} |"
         )
     keys = {"worker_calls_per_update": "<=", "trainer_s_vs_three_call": "<=", "trainer_s_vs_drgrpo": "<="}
     placement = ", ".join(
@@ -194,6 +195,12 @@ def trainer_passes(doc: dict) -> str:
     )
     if placement:
         placement = f"\n\nTrainer s, the reference forward inside the update's call vs a call of its own: {placement}."
+    versus_tb = doc.get("tb_pg_vs_tb") or {}
+    if versus_tb.get("trainer_s"):
+        placement += (
+            f"\n\nTBA′ against TB: {versus_tb['trainer_s']:.3g} of its trainer s per update, "
+            f"{versus_tb['trainer_s_per_response_token']:.3g} per response token."
+        )
     return "\n".join(rows) + "\n\n" + goal_line(doc, keys) + placement + "\n"
 
 
@@ -290,6 +297,12 @@ def trainer_passes_gpu(doc: dict) -> str:
 
 # file name (without .json) -> (title, what made it, renderer)
 RENDERERS = {
+    "trainer_passes_trainer_ref": (
+        "Trainer cost per update with the trainer's reference forward (a vLLM searcher's case): tb, tb_pg, Dr. GRPO",
+        "benchmarks/trainer_passes.py --configs tb_fused tb_pg_fused drgrpo --out "
+        "benchmarks/results/trainer_passes_trainer_ref.json",
+        trainer_passes,
+    ),
     "trainer_passes": (
         "Trainer cost per update, tb and tb_pg with the searcher's reference log-probs",
         "benchmarks/trainer_passes.py --configs tb_fused_searcher_ref tb_pg_fused_searcher_ref tb_three_call "

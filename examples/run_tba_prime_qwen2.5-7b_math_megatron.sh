@@ -2,7 +2,7 @@
 # TBA' (tb_pg, beta 0.005) for Qwen2.5-7B on MATH with Megatron, on one or more 8-GPU nodes. The paper's
 # reference reset every 50 updates needs FSDP2 engines: this Megatron config runs without it (tba.ref_reset_every=0). Multi-node: `ray start --head` on node 0, `ray start --address=<node0>:6379` on the
 # others (tba-ext installed everywhere), then run this on node 0 with NNODES set.
-# Needs: pip install "verl[vllm,megatron]==0.9.1" tba-ext (the megatron extra brings megatron-core); data from
+# Needs: pip install "verl[vllm,megatron]==0.9.1" ./tba-ext (the megatron extra brings megatron-core); data from
 #   tba-ext prepare-data --task math --source /path/to/MATH --test-source /path/to/MATH-500 --out $DATA_DIR
 set -euo pipefail
 export MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-7B}

@@ -105,7 +105,7 @@ def demo_import(name: str):
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        raise ValueError(f"{exc.name} is missing: the CPU demo needs pip install 'tba-ext[demo]'") from exc
+        raise ValueError(f"{exc.name} is missing: the CPU demo needs pip install './tba-ext[demo]'") from exc
 
 
 def cmd_quickstart(args) -> int:

@@ -227,10 +227,14 @@ def test_megatron_config_rehearsed_up_to_the_engine(name, fixtures, monkeypatch,
 
     math_dir = tmp_path / "math_src"
     math_dir.mkdir()
-    rows = [{"problem": f"What is ${a}+{b}$?", "solution": f"It is $\\boxed{{{a + b}}}$."} for a, b in QUESTIONS]
+    rows = [  # 100 problems: one global step of the Dr. GRPO twin's 64 prompts (verl's own loop divides by the count)
+        {"problem": f"{ask} ${a}+{b}$?", "solution": f"It is $\\boxed{{{a + b}}}$."}
+        for ask in ("What is", "How much is")
+        for a, b in QUESTIONS
+    ]
     for split in ("train", "test"):
         (math_dir / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    write_task("math", str(tmp_path / "data"), 16, 8, 0, source=str(math_dir))
+    write_task("math", str(tmp_path / "data"), 64, 8, 0, source=str(math_dir))
     monkeypatch.setenv("MODEL_PATH", str(fixtures["models"]["chatml"]))
     monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("TBA_EXT_CPU_RUNTIME", "off")  # the GPU node's view: the CPU runtime's fsdp2-only rule is not
@@ -238,7 +242,7 @@ def test_megatron_config_rehearsed_up_to_the_engine(name, fixtures, monkeypatch,
     preflight(cfg)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.path)
     dataset = RLHFDataset(data_files=[cfg.data.train_files], tokenizer=tokenizer, config=cfg.data)
-    assert len(dataset) == 16 and dataset[0]["raw_prompt"][0]["content"].startswith("What is")
+    assert len(dataset) == 64 and dataset[0]["raw_prompt"][0]["content"].startswith(("What is", "How much is"))
     plain = OmegaConf.to_container(cfg, resolve=True)
     fn = plain["reward"]["custom_reward_function"]
     assert fn["path"] == "pkg://tba_ext.tasks.rewards" and fn["name"] == "compute_score"

