@@ -88,10 +88,10 @@ def test_the_readme_the_hand_written_docs_and_the_changelog_are_free_of_run_hist
         )
 
 
-def switch_blocks() -> list[list[str]]:
-    """The overrides of each `python -m verl.trainer.main_ppo ... \\` block in the README."""
+def switch_blocks(page: Path = ROOT / "README.md") -> list[list[str]]:
+    """The overrides of each `python -m verl.trainer.main_ppo ... \\` block in a page (the README by default)."""
     blocks = []
-    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
         if "verl.trainer.main_ppo ..." in block:
             text = block.split("verl.trainer.main_ppo ...", 1)[1].replace("\\\n", " ")
             blocks.append([word for word in shlex.split(text, comments=True)])
@@ -121,6 +121,61 @@ def test_the_readme_switch_blocks_pass_the_start_up_checks_and_fail_without_a_ke
         check_tb_run(pasted_into_a_grpo_pipeline([o for o in tb if not o.startswith("algorithm.use_kl_in_reward")]))
     with pytest.raises(ValueError, match="rollout_is"):
         check_tba_run(pasted_into_a_grpo_pipeline([o for o in tb_pg if "rollout_correction" not in o]))
+
+
+GUIDE = ROOT / "docs" / "guide.md"
+
+
+def test_the_guide_block_passes_the_start_up_checks_of_a_grpo_pipeline():
+    """The guide's one block (TBA′ + replay + a TBA trainer mode) pasted after a GRPO user's keys: the checks pass
+    with replay on; without an objective key they refuse, without the sampler's name replay is off."""
+    (block,) = switch_blocks(GUIDE)
+    cfg = pasted_into_a_grpo_pipeline(block)
+    settings, replay = check_tba_run(cfg)
+    assert replay is not None and replay.recency_prob == 0.95
+    assert settings.ref_reset_every == 48 and cfg["trainer"]["v1"]["trainer_mode"] == "tba_colocate_async"
+    assert cfg["algorithm"]["adv_estimator"] == cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] == "tb_pg"
+    assert cfg["trainer"]["v1"]["sampler"]["max_off_policy_threshold"] is None
+
+    def without(part: str) -> dict:
+        kept = [o for o in block if part not in o]
+        assert len(kept) < len(block), part
+        return pasted_into_a_grpo_pipeline(kept)
+
+    with pytest.raises(ValueError, match="rollout_is"):
+        check_tba_run(without("rollout_correction"))
+    with pytest.raises(ValueError, match="loss_scale_factor"):
+        check_tba_run(without("loss_scale_factor"))
+    with pytest.raises(ValueError, match="use_kl_in_reward"):
+        check_tba_run(without("algorithm.use_kl_in_reward"))
+    assert check_tba_run(without("custom_sampler.name"))[1] is None  # replay off: verl's own sampler
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Each table of a markdown page: its rows (header and separator included), each a list of cells."""
+    tables, rows = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def test_the_guide_tables_have_one_line_cells_and_its_config_table_holds_every_key_of_its_block():
+    text = GUIDE.read_text()
+    tables = markdown_tables(text)
+    config = [t for t in tables if t[0] == ["key", "default", "what it does"]]
+    assert len(config) == 1 and len(tables) >= 3
+    long_cells = [cell for table in tables for row in table for cell in row if len(cell) > 120]
+    assert not long_cells, long_cells
+    (block,) = switch_blocks(GUIDE)
+    listed = " ".join(row[0] for row in config[0][2:])
+    names = {o.split("=", 1)[0].lstrip("+") for o in block}
+    short = {n.replace("trainer.v1.sampler.sampler_kwargs.", "sampler_kwargs.") for n in names}
+    missing = [n for n in short if f"`{n}`" not in listed and f"`{n.split('.', 1)[1]}`" not in listed]
+    assert not missing, missing
 
 
 # every file that tells a user which of verl's extras to install, and the places a Megatron config is launched from
