@@ -97,22 +97,29 @@ def list_configs(gpu: bool = True) -> list[str]:
     return names(CONFIG_DIR) + (names(GPU_CONFIG_DIR) if gpu else [])
 
 
+def _target_class(node: dict):
+    """The class a config node's ``_target_`` names (verl builds its dataclass configs from them); None where there
+    is none or this install lacks it (Megatron's engine on a CPU machine: verl refuses that itself)."""
+    target = node.get("_target_")
+    if not (isinstance(target, str) and "." in target):
+        return None
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
 def unread_keys(node, path: str = "") -> set[str]:
     """Keys of config nodes that verl turns into a dataclass (``_target_``) which are not fields of it: verl builds
     the dataclass from its fields and drops the rest without a word."""
     found: set[str] = set()
     if not isinstance(node, dict):
         return found
-    target = node.get("_target_")
-    if isinstance(target, str) and "." in target:
-        module, _, name = target.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            cls = None  # an engine this install lacks (Megatron's on a CPU machine): verl refuses it itself
-        if cls is not None and dataclasses.is_dataclass(cls):
-            fields = {f.name for f in dataclasses.fields(cls)}
-            found |= {path + key for key in node if key != "_target_" and key not in fields}
+    cls = _target_class(node)
+    if cls is not None and dataclasses.is_dataclass(cls):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        found |= {path + key for key in node if key != "_target_" and key not in fields}
     for key, value in node.items():
         found |= unread_keys(value, f"{path}{key}.")
     return found
@@ -148,12 +155,11 @@ def mistyped_keys(node, path: str = "") -> list[str]:
     found: list[str] = []
     if not isinstance(node, dict):
         return found
-    target = node.get("_target_")
-    if isinstance(target, str) and "." in target:
-        module, _, name = target.rpartition(".")
+    cls = _target_class(node)
+    if cls is not None:
         try:
-            hints = typing.get_type_hints(getattr(importlib.import_module(module), name))
-        except Exception:  # an engine this install lacks, an unresolvable annotation: not checked
+            hints = typing.get_type_hints(cls)
+        except Exception:  # an annotation that does not resolve in this install: not checked
             hints = {}
         for key, value in node.items():
             kinds = _field_kinds(hints.get(key)) if key != "_target_" else None
