@@ -194,6 +194,18 @@ def _save_reference_shard(worker, folder: str) -> None:
     os.replace(tmp, os.path.join(folder, f"rank_{rank}.pt"))
 
 
+def check_reference_folder(folder: str, world: int) -> None:
+    """A saved reference holds one shard per rank of this run (``rank_<r>.pt``, r < world), checked before any rank
+    loads its own: a checkpoint of another world size is refused whole, never loaded into some ranks only."""
+    names = [f for f in os.listdir(folder) if f.startswith("rank_") and f.endswith(".pt")]
+    saved = sorted(int(f[len("rank_") : -len(".pt")]) for f in names if f[len("rank_") : -len(".pt")].isdigit())
+    if saved != list(range(world)):
+        raise RuntimeError(
+            f"{folder} holds reference shards of ranks {saved}, this run's reference has {world} rank(s): resume "
+            "with the trainer.n_gpus_per_node x trainer.nnodes the checkpoint was saved with"
+        )
+
+
 def _load_reference_shard(worker, folder: str) -> int:
     """Runs inside a worker holding the reference: copies this rank's saved shard into it."""
     rank, world = _rank()
@@ -407,6 +419,7 @@ class ReferenceMixin:
             self.reference_version = tb.multiples_passed(0, updates, self.tba.ref_reset_every)
         reference = os.path.join(folder, REFERENCE_DIR)
         if os.path.isdir(reference):
+            check_reference_folder(reference, len(self.ref_policy_wg.workers))
             ray.get([w.__ray_call__.remote(_load_reference_shard, reference) for w in self.ref_policy_wg.workers])
             print(f"tba-ext: restored the reference policy from {reference}", flush=True)
         elif self._reference_moved(self.global_steps):
