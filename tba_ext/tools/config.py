@@ -308,7 +308,6 @@ def preflight(cfg) -> None:
         check_tba_run,
         check_verl_values,
     )
-    from tba_ext.core.settings import parse_settings
     from tba_ext.cpu.hf_rollout import check_hfcpu_lora
     from tba_ext.cpu.runtime import cpu_runtime_active
     from tba_ext.cpu.vllm_cpu import check_vllm_cpu_model
@@ -317,7 +316,6 @@ def preflight(cfg) -> None:
     from tba_ext.tools.models import check_model_dir
 
     plain = resolved(cfg)
-    parse_settings(plain.get("tba"))
     # the keys as the user sets them, before mistyped_keys meets them where they are interpolated (data.max_*)
     check_verl_values(plain)
     check_micro_batch_sizes(plain)
