@@ -5,6 +5,11 @@
 
 A page marks a generated block with ``<!-- generated: NAME -->`` ... ``<!-- end generated -->``; ``results.md`` is
 generated whole from ``benchmarks/results/*.json`` (the archive folder is not rendered).
+
+Plots: a page embeds ``img/X.png``, and ``docs/img/`` (tracked) mirrors ``benchmarks/results/`` (git-ignored): the
+rewrite copies ``benchmarks/results/X.png`` over ``docs/img/X.png`` for every image a page embeds, where the benchmark
+left one. ``--check`` does not compare PNGs (they are not reproducible bytewise); it fails on an embedded image that
+is in neither place, and on one a benchmark left that is not yet copied.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 RESULTS = ROOT / "benchmarks" / "results"
+IMG = DOCS / "img"  # mirrors the plots of RESULTS that the pages embed
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")  # ![alt](path)
 BLOCK = re.compile(r"(<!-- generated: (\S+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
@@ -115,6 +122,41 @@ def cli_reference() -> str:
 # ---- results
 
 
+COMPARE_CAPTION = (
+    "Held-out greedy accuracy minus the warm start's against optimizer updates, one panel per method, one line per "
+    "staleness s: mean over seeds with a 95 % band."
+)
+
+
+def figure(source: str, caption: str) -> str:
+    """``benchmarks/results/<source>`` embedded as ``img/<source>`` with a one-line caption, or nothing where
+    neither the copy in docs/img nor the benchmark's own file exists."""
+    if not (IMG / source).exists() and not (RESULTS / source).exists():
+        return ""
+    return f"\n![{Path(source).stem}](img/{source})\n\n*{caption}*\n"
+
+
+def plots_of(stem: str) -> str:
+    """The plots a results section shows (its renderer may place more of its own)."""
+    stages = "Trainer seconds per update by stage (medians), one bar per configuration."
+    spread_plot = (
+        "Held-out greedy (left) and sampled (right) accuracy after the warm start and after training, one line per "
+        "seed and repeat."
+    )
+    captions = {
+        "trainer_passes": stages,
+        "trainer_passes_trainer_ref": stages,
+        "trainer_passes_searcher_ref": stages,
+        "quickstart_spread": spread_plot,
+        "quickstart_spread_tb": spread_plot,
+    }
+    if stem == "compare":
+        return figure("compare/accuracy_vs_updates.png", COMPARE_CAPTION) + figure(
+            "compare/accuracy_vs_time.png", "The same gains against wall-clock seconds."
+        )
+    return figure(f"{stem}.png", captions[stem]) if stem in captions else ""
+
+
 @functools.cache
 def load_results() -> dict[str, dict]:  # read once: the results page and the compare block both use it
     return {p.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
@@ -139,6 +181,8 @@ def provenance_line(doc: dict) -> str:
 
 
 def compare_table(doc: dict) -> str:
+    """Per method and staleness: the gain over seeds; then each method's seed-paired difference against Dr. GRPO."""
+    labels = doc.get("labels", {})
     rows = [
         "| method | s | n | greedy gain (mean +- sd) | 95 % interval | sampled gain (mean +- sd) "
         "| kept (greedy, sampled) |",
@@ -149,10 +193,28 @@ def compare_table(doc: dict) -> str:
             c = cells[s]
             low, high = c["gain_mean"] - c["gain_ci95"], c["gain_mean"] + c["gain_ci95"]
             kept = "" if s == "0" else f"{100 * c['gain_kept']:.0f} %, {100 * c['sampled_gain_kept']:.0f} %"
+            name = labels.get(method, method)
             rows.append(
-                f"| {method} | {s} | {c['n_seeds']} | {c['gain_mean']:+.3f} +- {c['gain_sd']:.3f} | "
+                f"| {name} | {s} | {c['n_seeds']} | {c['gain_mean']:+.3f} +- {c['gain_sd']:.3f} | "
                 f"[{low:+.3f}, {high:+.3f}] | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} |"
             )
+    paired = doc.get("paired_vs_drgrpo") or {}
+    if paired:
+        rows += [
+            "",
+            "Paired by seed (same warm start and data order), greedy gain minus Dr. GRPO's, 95 % paired t-interval:",
+            "",
+            "| difference | s | n seeds | mean +- sd | 95 % interval | excludes 0 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for method, cells in paired.items():
+            for s in sorted(cells, key=int):
+                c = cells[s]
+                low, high = c["mean"] - c["ci95"], c["mean"] + c["ci95"]
+                rows.append(
+                    f"| {labels.get(method, method)} - Dr. GRPO | {s} | {c['n_seeds']} | {c['mean']:+.3f} +- "
+                    f"{c['sd']:.3f} | [{low:+.3f}, {high:+.3f}] | {'yes' if c['excludes_zero'] else 'no'} |"
+                )
     return "\n".join(rows) + "\n"
 
 
@@ -239,6 +301,17 @@ def async_speedup(doc: dict) -> str:
             + (f", generation share >= {r['goals']['generation_share']}" if r["goals"].get("generation_share") else "")
             + ".\n"
         )
+        plots = figure(
+            f"async_speedup_{regime}.png",
+            f"{regime}: each configuration's measured steps; the trainer waiting for data (orange), updating "
+            "(purple), syncing weights (red), and when the searchers are busy (green).",
+        ) + figure(
+            f"async_speedup_{regime}_cpu.png",
+            f"{regime}: CPU seconds per trained update by role (medians of repeats), each bar labelled with the "
+            "share of the wall the trainer workers waited for a core.",
+        )
+        if plots:
+            out.append(plots.lstrip("\n"))
     return "\n".join(out)
 
 
@@ -365,7 +438,7 @@ def results_page() -> str:
         parts.append(f"`benchmarks/results/{stem}.json`, made by `{script}`; {made}\n")
         if how:
             parts.append(how + "\n")
-        parts.append(render(doc))
+        parts.append(render(doc) + plots_of(stem))
     return "\n".join(parts)
 
 
@@ -404,12 +477,37 @@ def rendered() -> dict[Path, str]:
     return pages
 
 
+def embedded_plots(pages: dict[Path, str]) -> tuple[list[str], list[str]]:
+    """(the img/ sources every page embeds, with ``pages``' text for the generated ones; the embedded images that
+    are in neither docs/img nor benchmarks/results, as 'page: path')."""
+    sources, missing = set(), []
+    for page in sorted(DOCS.glob("*.md")):
+        for path in IMAGE.findall(pages.get(page, page.read_text())):
+            if path.startswith("img/"):
+                sources.add(path[len("img/") :])
+            if not (DOCS / path).exists() and not (path.startswith("img/") and (RESULTS / path[4:]).exists()):
+                missing.append(f"{page.name}: {path}")
+    return sorted(sources), missing
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--check", action="store_true", help="only report stale pages")
+    parser.add_argument("--check", action="store_true", help="only report stale pages (PNGs: only missing ones)")
     args = parser.parse_args()
     stale = []
-    for page, text in rendered().items():
+    pages = rendered()
+    sources, missing = embedded_plots(pages)
+    if missing:
+        print(f"embedded images that do not exist: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    for source in sources:  # a benchmark's plot over its copy: only on a rewrite, and only where it differs
+        new, copy = RESULTS / source, IMG / source
+        if new.exists() and (not copy.exists() or (not args.check and copy.read_bytes() != new.read_bytes())):
+            stale.append(copy.relative_to(ROOT))
+            if not args.check:
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                copy.write_bytes(new.read_bytes())
+    for page, text in pages.items():
         if not page.exists() or page.read_text() != text:
             stale.append(page.relative_to(ROOT))
             if not args.check:

@@ -21,8 +21,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def test_the_docs_site_builds_with_strict_warnings(tmp_path):
+    # no -q: mkdocs' quiet mode drops the warnings before strict mode counts them (a missing page or image passes)
     r = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -35,6 +36,30 @@ def test_the_docs_site_builds_with_strict_warnings(tmp_path):
 def test_the_generated_pages_are_what_the_code_and_the_results_give():
     r = subprocess.run([sys.executable, "docs/generate.py", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")  # ![alt](path)
+IMAGE_BYTES = 150_000  # a plot in git: matplotlib's PNGs at dpi 110-120 are 25-90 KB
+
+
+def test_every_image_the_docs_embed_exists_is_small_and_every_docs_image_is_embedded():
+    """The plots are copied into docs/img by docs/generate.py from the git-ignored benchmarks/results; a page
+    that embeds one not copied, or a copy that no page shows, fails here (the strict build also warns on the
+    first)."""
+    embedded, missing = set(), []
+    for page in PAGES:
+        for path in IMAGE.findall(page.read_text()):
+            target = (page.parent / path).resolve()
+            if target.is_file():
+                embedded.add(target)
+            else:
+                missing.append(f"{page.name}: {path}")
+    assert not missing, missing
+    images = {p.resolve() for p in (ROOT / "docs" / "img").rglob("*") if p.is_file()}
+    assert embedded and images, "no image embedded"
+    assert not images - embedded, sorted(str(p.relative_to(ROOT)) for p in images - embedded)
+    large = [f"{p.relative_to(ROOT)}: {p.stat().st_size} bytes" for p in embedded if p.stat().st_size > IMAGE_BYTES]
+    assert not large, large
 
 
 # `tba_ext/x.py`, `tests/test_x.py::test_name`, `benchmarks/x.py`, `examples/x.sh`, `benchmarks/results/x.json`
