@@ -252,7 +252,7 @@ def make_batch(n_groups: int, group_size: int, prompt_len: int, response_len: in
     forward in the update (``tba_ref_todo``) with placeholder ``ref_log_prob``, ``uid`` the prompt's id."""
     from tensordict import NonTensorStack, TensorDict
 
-    from tba_ext.adapters import fused, reference
+    from tba_ext.core import wire
 
     g = torch.Generator().manual_seed(seed)
     rows = []
@@ -277,8 +277,8 @@ def make_batch(n_groups: int, group_size: int, prompt_len: int, response_len: in
                     "rm_scores": reward,
                     "rollout_log_probs": torch.zeros(length),
                     "ref_log_prob": torch.zeros(length),
-                    fused.GROUP_FIELD: torch.tensor(group),
-                    reference.TODO_FIELD: torch.tensor(1, dtype=torch.int8),
+                    wire.GROUP_FIELD: torch.tensor(group),
+                    wire.TODO_FIELD: torch.tensor(1, dtype=torch.int8),
                 }
             )
     fields = {
@@ -301,11 +301,11 @@ def update_batch(batch, mode: str, group_size: int, micro_groups: int = 1, refer
     micro-batch) and, ``reference_in_update``, the reference pass's micro-batch (one group)."""
     from verl.utils import tensordict_utils as tu
 
-    from tba_ext.adapters import fused, reference
+    from tba_ext.core import wire
 
     data = batch.copy()
     if not reference_in_update:
-        data = data.exclude(reference.TODO_FIELD)
+        data = data.exclude(wire.TODO_FIELD)
     n = len(batch)
     tu.assign_non_tensor(
         data,
@@ -322,10 +322,10 @@ def update_batch(batch, mode: str, group_size: int, micro_groups: int = 1, refer
     if mode in ("tb", "tb_pg"):
         tu.assign_non_tensor(
             data,
-            **{fused.BETA_KEY: BETA, fused.MODE_KEY: mode, fused.GROUP_SIZE_KEY: group_size},
+            **{wire.BETA_KEY: BETA, wire.MODE_KEY: mode, wire.GROUP_SIZE_KEY: group_size},
             force_group_size=group_size,
             micro_batch_size_per_gpu=micro_groups,
-            **{reference.MICRO_BATCH_KEY: group_size},
+            **{wire.MICRO_BATCH_KEY: group_size},
         )
     else:  # verl's own micro-batch: rows
         tu.assign_non_tensor(data, micro_batch_size_per_gpu=micro_groups * group_size)

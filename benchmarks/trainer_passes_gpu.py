@@ -100,7 +100,7 @@ def check_at_old(workers, batch, algorithm, group_size: int, micro_groups: int =
 
 def with_stored_reference(workers, batch):
     """``batch`` with its reference log-probs from verl's reference worker (the searcher's, in a run)."""
-    from tba_ext.adapters.reference import TODO_FIELD
+    from tba_ext.core.wire import TODO_FIELD
 
     batch = batch.exclude(TODO_FIELD)
     batch["ref_log_prob"] = workers.log_probs(batch, "ref").cpu()

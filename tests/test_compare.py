@@ -16,7 +16,8 @@ from tba_ext.tools.recipe import METHODS, method_overrides
 @pytest.mark.parametrize("staleness", [0, 4])
 def test_staleness_bounds_every_source_of_off_policy_data(method, staleness):
     cfg = OmegaConf.to_container(
-        compose(METHODS[method][0], ["run_dir=/nonexistent", *method_overrides(method, staleness, 0.95)]), resolve=True
+        compose(METHODS[method].config, ["run_dir=/nonexistent", *method_overrides(method, staleness, 0.95)]),
+        resolve=True,
     )
     check_tb_run(cfg)
     v1 = cfg["trainer"]["v1"]
@@ -28,7 +29,7 @@ def test_staleness_bounds_every_source_of_off_policy_data(method, staleness):
         assert v1["trainer_mode"].endswith("colocate_async")
         assert v1["colocate_async"]["num_warmup_batches"] == staleness
         assert replay is None or (replay.recency_prob == 0.95 and replay.max_staleness == staleness)
-    assert (replay is not None) == METHODS[method][2]
+    assert (replay is not None) == METHODS[method].replay
 
 
 def test_interval95_is_the_t_interval():
@@ -59,7 +60,7 @@ def test_compare_short_runs_every_method_from_one_start_and_summarises(tmp_path)
 
 def _part(seed: int, gain: float) -> dict:
     run = {
-        "method": "TB",
+        "method": "tb",
         "staleness": 0,
         "seed": seed,
         "accuracy_before": 0.2,
@@ -74,9 +75,9 @@ def _part(seed: int, gain: float) -> dict:
         "steps": 10,
         "seeds": [seed],
         "staleness": [0],
-        "methods": ["TB"],
+        "methods": ["tb"],
         "runs": [run],
-        "curves": {"TB s=0": [curve]},
+        "curves": {"tb s=0": [curve]},
     }
 
 
@@ -97,19 +98,40 @@ def test_summary_reports_the_share_of_the_on_policy_gain_kept_off_policy():
 
     summary = summarise(
         [
-            run("TB", 0, 0, 0.10),
-            run("TB", 0, 1, 0.30),
-            run("TB", 10, 0, 0.05),
-            run("TB", 10, 1, 0.13),
-            run("Dr. GRPO", 0, 0, -0.1),
-            run("Dr. GRPO", 10, 0, 0.1),
-            run("TBA'", 10, 0, 0.1),
+            run("tb", 0, 0, 0.10),
+            run("tb", 0, 1, 0.30),
+            run("tb", 10, 0, 0.05),
+            run("tb", 10, 1, 0.13),
+            run("drgrpo", 0, 0, -0.1),
+            run("drgrpo", 10, 0, 0.1),
+            run("tb_pg", 10, 0, 0.1),
         ]
     )
-    assert summary["TB"]["10"]["gain_kept"] == pytest.approx(0.09 / 0.20)
-    assert summary["TB"]["0"]["sampled_gain_kept"] == pytest.approx(1.0)
-    assert summary["Dr. GRPO"]["10"]["gain_kept"] is None  # no on-policy gain to keep
-    assert summary["TBA'"]["10"]["gain_kept"] is None  # no on-policy run
+    assert summary["tb"]["10"]["gain_kept"] == pytest.approx(0.09 / 0.20)
+    assert summary["tb"]["0"]["sampled_gain_kept"] == pytest.approx(1.0)
+    assert summary["drgrpo"]["10"]["gain_kept"] is None  # no on-policy gain to keep
+    assert summary["tb_pg"]["10"]["gain_kept"] is None  # no on-policy run
+
+
+def test_paired_difference_is_the_paired_t_interval_over_seeds_with_both_runs():
+    from scipy import stats
+
+    from tba_ext.tools.compare import paired_differences
+
+    def run(method, seed, before, after):
+        return {"method": method, "staleness": 10, "seed": seed, "accuracy_before": before, "accuracy_after": after}
+
+    runs = [run("drgrpo", 0, 0.2, 0.1), run("tb_pg", 0, 0.2, 0.4), run("drgrpo", 1, 0.4, 0.45)]
+    runs += [run("tb_pg", 1, 0.4, 0.6), run("drgrpo", 2, 0.3, 0.3), run("tb_pg", 2, 0.3, 0.35)]
+    runs.append(run("tb_pg", 3, 0.3, 0.9))  # no Dr. GRPO run of seed 3: not paired
+    cell = paired_differences(runs)["tb_pg"]["10"]
+    diffs = [0.4 - 0.1, 0.6 - 0.45, 0.35 - 0.3]
+    test = stats.ttest_rel([0.4, 0.6, 0.35], [0.1, 0.45, 0.3])  # scipy's paired t-test as the independent check
+    low, high = test.confidence_interval(0.95)
+    assert cell["n_seeds"] == 3 and cell["mean"] == pytest.approx(sum(diffs) / 3)
+    assert cell["mean"] - cell["ci95"] == pytest.approx(low) and cell["mean"] + cell["ci95"] == pytest.approx(high)
+    assert cell["excludes_zero"] == (low > 0 or high < 0)
+    assert "drgrpo" not in paired_differences(runs)
 
 
 def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_path):
@@ -121,7 +143,7 @@ def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_pat
         paths[-1].write_text(json.dumps(_part(seed, gain)))
     out = tmp_path / "grid.json"
     merged = merge([str(p) for p in paths], str(tmp_path / "grid"), str(out))
-    tb = json.loads(out.read_text())["summary"]["TB"]["0"]
+    tb = json.loads(out.read_text())["summary"]["tb"]["0"]
     assert merged["seeds"] == [0, 1] and tb["n_seeds"] == 2
     assert tb["gain_mean"] == pytest.approx(0.2) and tb["gain_sd"] == pytest.approx(0.2 / 2**0.5)  # sd of 0.1, 0.3
     assert tb["sampled_gain_mean"] == pytest.approx(0.1)

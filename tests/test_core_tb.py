@@ -11,7 +11,8 @@ from tba_ext.core import tb
 
 def test_core_modules_import_no_verl():
     code = (
-        "import sys, tba_ext.core.tb, tba_ext.core.replay, tba_ext.core.settings, tba_ext.core.steps; "
+        "import sys, tba_ext.core.tb, tba_ext.core.replay, tba_ext.core.settings, tba_ext.core.steps, "
+        "tba_ext.core.wire; "
         "print(sorted(m for m in sys.modules if m == 'verl' or m.startswith('verl.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -90,3 +91,13 @@ def test_beta_anneal_follows_the_reference_formula_in_updates():
     assert tb.beta_at_step(9, 0.05, None, 0) == 0.05
     assert [tb.first_update(g, 3) for g in (1, 2, 3)] == [1, 4, 7]
     assert tb.multiples_passed(3, 9, 4) == 2 and tb.multiples_passed(4, 7, 4) == 0
+
+
+def test_ratio_stats_count_only_response_tokens():
+    ratio = torch.tensor([[0.5, 9.0, 100.0], [2.0, 8.0, 3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # 100.0 is padding
+    stats = tb.ratio_stats(ratio, mask, is_ratio_max=8.0)
+    kept = [0.5, 9.0, 2.0, 8.0, 3.0]
+    assert stats["is_ratio_clipfrac"].item() == pytest.approx(sum(r > 8.0 for r in kept) / len(kept))
+    assert stats["ratio_mean"].item() == pytest.approx(sum(kept) / len(kept))
+    assert stats["ratio_max"].item() == 9.0

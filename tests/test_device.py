@@ -19,7 +19,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from tba_ext.adapters import fused
 from tba_ext.adapters.reference import replace_rows
 from tba_ext.adapters.rows import build_row, load_prompt, split_row
-from tba_ext.core import tb
+from tba_ext.core import tb, wire
 
 
 def micro_batch(mode, seed=5):
@@ -55,7 +55,7 @@ def padded_on_meta(mode):
         "rm_scores": scores,
         "ref_log_prob": ref,
         "rollout_log_probs": rollout,
-        fused.GROUP_FIELD: groups * 7 + 3,  # the trainer's ids over the whole batch, not dense per micro-batch
+        wire.GROUP_FIELD: groups * 7 + 3,  # the trainer's ids over the whole batch, not dense per micro-batch
     }
     config = ActorConfig()
     config.global_batch_info.update(dp_size=1, global_batch_size=len(reward), batch_num_tokens=int(mask.sum()))

@@ -16,7 +16,7 @@ from verl.utils import tensordict_utils as tu
 
 from tba_ext.adapters import fused
 from tba_ext.adapters.checks import fused_update_plan
-from tba_ext.core import tb
+from tba_ext.core import tb, wire
 from tba_ext.core.settings import TBASettings
 
 
@@ -73,7 +73,7 @@ def engine_inputs(theta, ref, rollout, mask, reward, groups, beta, mode, rows, g
             "rm_scores": nested(scores),
             "ref_log_prob": nested([ref[row, :r] for row, r in zip(rows, resp_len)]),
             "rollout_log_probs": nested([rollout[row, :r] for row, r in zip(rows, resp_len)]),
-            fused.GROUP_FIELD: groups[rows],
+            wire.GROUP_FIELD: groups[rows],
         },
         batch_size=[len(rows)],
     )
@@ -82,7 +82,7 @@ def engine_inputs(theta, ref, rollout, mask, reward, groups, beta, mode, rows, g
         dp_size=dp_size,
         batch_num_tokens=int(mask.sum()),
         global_batch_size=global_batch_size,
-        **{fused.BETA_KEY: beta, fused.MODE_KEY: mode, fused.GROUP_SIZE_KEY: int(torch.bincount(groups).max())},
+        **{wire.BETA_KEY: beta, wire.MODE_KEY: mode, wire.GROUP_SIZE_KEY: int(torch.bincount(groups).max())},
     )
     return {"log_probs": log_probs}, data
 
@@ -223,7 +223,7 @@ def test_what_the_fused_loss_cannot_honour_is_refused_at_run_time_naming_the_key
         fused_loss(theta, batch, 0.1, "tb", [list(range(8))], config=ActorConfig(entropy_coeff=0.01))
     # whole groups, but not of rollout.n (the searchers returned 4 where the run asked 5)
     out, data = engine_inputs(theta, *batch[1:], 0.1, "tb", list(range(8)), global_batch_size=8)
-    tu.assign_non_tensor(data, **{fused.GROUP_SIZE_KEY: 5})
+    tu.assign_non_tensor(data, **{wire.GROUP_SIZE_KEY: 5})
     with pytest.raises(RuntimeError, match=r"sizes \[4\].*rollout\.n=5"):
         fused.fused_tb_loss(ActorConfig(), out, data)
 

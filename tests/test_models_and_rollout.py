@@ -221,7 +221,7 @@ def test_a_searcher_scores_its_samples_with_the_initial_model_after_its_weights_
     temperature (TBA's searcher), from a copy the trainer's weight updates never touch."""
     from transformers import AutoModelForCausalLM
 
-    from tba_ext.adapters.rows import SEARCHER_REFERENCE
+    from tba_ext.core.wire import SEARCHER_REFERENCE
     from tba_ext.cpu.hf_rollout import HFCPUServer
 
     server = HFCPUServer(str(tiny_run / "model"), prompt_length=32, response_length=8, seed=0, reference=True)

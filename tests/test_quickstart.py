@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tba_ext.tools.quickstart import quickstart
-from tba_ext.tools.recipe import SHORT
+from tba_ext.tools.recipe import SHORT, label
 
 pytestmark = pytest.mark.e2e
 
@@ -15,7 +15,7 @@ def test_quickstart_short_writes_a_report_with_before_and_after_accuracy(tmp_pat
     summary = quickstart(str(tmp_path / "qs"), short=True, seed=0)
     run = tmp_path / "qs"
     report = (run / "report.md").read_text()
-    assert "after warm start" in report and f"TBA steps ({SHORT.method} objective)" in report
+    assert "after warm start" in report and f"TBA steps ({label(SHORT.method)} objective)" in report
     assert f"{summary['accuracy_before']:.4g}" in report and f"{summary['accuracy_after']:.4g}" in report
     assert (run / "curves.png").stat().st_size > 10_000
     saved = json.loads((run / "summary.json").read_text())

@@ -6,7 +6,7 @@ import pytest
 
 from tba_ext.adapters.checks import check_reference_updates, check_replay_run, check_tb_run
 from tba_ext.core.settings import parse_settings
-from tba_ext.core.steps import updates_per_step
+from tba_ext.core.steps import local_updates, scheduler_updates_per_call, updates_per_step
 from tba_ext.tools.config import compose
 
 
@@ -181,6 +181,16 @@ def test_updates_per_step_counts_mini_batches_and_epochs(tb_config):
     )
     assert updates_per_step(cfg) == 2
     assert updates_per_step(with_change(cfg, "actor_rollout_ref.actor.ppo_epochs", 3)) == 6
+
+
+@pytest.mark.parametrize("mode", ["sync", "tba_sync", "tba_colocate_async", "separate_async", "tba_separate_async"])
+def test_k_is_parameter_sync_step_in_separate_async_only(tb_config, mode):
+    cfg = with_change(with_change(tb_config, "trainer.v1.trainer_mode", mode), "data.train_batch_size", 16)
+    cfg = with_change(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 4)
+    cfg = with_change(cfg, "trainer.v1.separate_async.parameter_sync_step", 4)
+    k = 4 if mode.endswith("separate_async") else 1
+    assert local_updates(cfg) == k
+    assert scheduler_updates_per_call(cfg) == updates_per_step(cfg) // k  # 4 updates a step: 1 per call, or 4
 
 
 def test_free_running_searchers_need_the_decoupled_mode_and_room_for_a_fetch(tb_config):

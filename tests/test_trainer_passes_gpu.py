@@ -50,7 +50,7 @@ def test_the_benchmark_runs_on_cpu_and_its_two_paths_agree_at_theta_old(tmp_path
 def test_the_benchmark_check_catches_a_fused_loss_centred_over_the_wrong_groups():
     """Group labels of the right sizes that mix two prompts (one micro-batch holds every row, so the loss's guard
     against split groups does not fire): the fused gradient leaves the three-call one."""
-    from tba_ext.adapters.fused import GROUP_FIELD
+    from tba_ext.core.wire import GROUP_FIELD
 
     groups, k = 2, 4
     with engine_update.built("cpu_tb", "tiny", "cpu", "float32", groups, k, 12, 1e-6) as (workers, config, _):

@@ -24,6 +24,7 @@ from tba_ext.core.settings import (
 from tba_ext.core.steps import (
     dataloader_fetch,
     epochs_for_steps,
+    local_updates,
     scheduler_updates_per_call,
     steps_per_epoch,
     verl_dataloader_fetch,
@@ -145,7 +146,7 @@ def check_batch_split(cfg: Mapping[str, Any]) -> None:
     v1 = cfg["trainer"].get("v1") or {}
     mode = str(v1.get("trainer_mode", "sync"))
     if mode.removeprefix("tba_") == "separate_async":
-        k = (v1.get("separate_async") or {}).get("parameter_sync_step", 1)
+        k = local_updates(cfg)
         if batch != k * mini:
             raise ValueError(
                 f"trainer.v1.trainer_mode={mode}: data.train_batch_size={batch} must equal "
@@ -335,9 +336,7 @@ def fused_update_plan(cfg: Mapping[str, Any], settings: TBASettings) -> tuple[bo
     trainer = cfg["trainer"]
     dp = int(trainer.get("n_gpus_per_node", 1)) * int(trainer.get("nnodes", 1))
     dp //= int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    k = int(((trainer.get("v1") or {}).get("separate_async") or {}).get("parameter_sync_step", 1) or 1)
-    if trainer.get("v1", {}).get("trainer_mode") != "tba_separate_async":
-        k = 1
+    k = local_updates(cfg) if str(trainer.get("v1", {}).get("trainer_mode")).startswith("tba_") else 1
     per_update = int(cfg["data"]["train_batch_size"]) // k
     if per_update % dp or int(actor["ppo_mini_batch_size"]) % dp:
         raise ValueError(
@@ -494,11 +493,7 @@ def check_replay_run(cfg: Mapping[str, Any]) -> ReplaySettings | None:
             f"{SAMPLER_KWARGS}samples_per_prompt={s} > rollout.n needs a tba_* trainer mode (it asks "
             f"the searchers for S samples per prompt); trainer.v1.trainer_mode is {mode}"
         )
-    k = int(
-        ((cfg["trainer"]["v1"].get("separate_async") or {}).get("parameter_sync_step") or 1)
-        if mode == "tba_separate_async"
-        else 1
-    )
+    k = local_updates(cfg) if str(mode).startswith("tba_") else 1
     if settings.max_staleness is not None and settings.max_staleness < k - 1:
         raise ValueError(
             f"{SAMPLER_KWARGS}max_staleness={settings.max_staleness}: decoupled searchers hold weights "

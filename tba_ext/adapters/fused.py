@@ -16,20 +16,18 @@ from __future__ import annotations
 import functools
 
 import torch
-from verl.trainer.ppo.core_algos import agg_loss
 from verl.utils import tensordict_utils as tu
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.padding import no_padding_2_padding
 
+from tba_ext.adapters.losses import aggregate
 from tba_ext.core import tb
 from tba_ext.core.settings import IS_RATIO_MAX
+from tba_ext.core.wire import BAD_GROUPS_METRIC, BETA_KEY, GROUP_FIELD, GROUP_SIZE_KEY, MODE_KEY
 
-# extra_info keys the trainer sets on the batch it hands to update_actor
-BETA_KEY, MODE_KEY, GROUP_SIZE_KEY, GROUP_FIELD = "tba_beta", "tba_loss_mode", "tba_group_size", "tba_group"
 # statistics of the batch that the three-call path computes on the driver (tb/*); the trainer moves them out of
 # verl's actor/ namespace, where the rest of the loss's metrics stay (actor/tb/residual_var, actor/tb_pg/*)
 BATCH_METRICS = ("tb/kl", "tb/log_z", "tb/mean_abs_advantage")
-_BAD_GROUPS = "tba/groups_not_whole"  # the run-time guard, read back with the metrics
 
 
 def _global_batch_info(config, data) -> dict:
@@ -64,10 +62,9 @@ def fused_terms(config, log_prob, padded, beta: float, mode: str, group_size: in
     ``log_prob`` (B, T) from the forward; ``padded``: the micro-batch's fields as (B, T) / (B,) tensors.
     tb: mean over trajectories of (log Z_i + delta_ij)^2 (eq. 5), log Z_i the detached group mean of delta.
     tb_pg: -sg(min(pi_theta / pi_rollout, is_ratio_max)) * A * log pi_theta, A = (r - r_bar) - beta (kl - kl_bar)
-    at this forward, aggregated with ``loss_agg_mode``. The metrics include ``_BAD_GROUPS``: 1 where a group of
+    at this forward, aggregated with ``loss_agg_mode``. The metrics include ``BAD_GROUPS_METRIC``: 1 where a group of
     the micro-batch does not hold exactly ``group_size`` (rollout.n) rows.
     """
-    batch_info = config.global_batch_info
     # sequence sums in float32: a bf16 forward's log-probs summed in bf16 (CPU autocast does not promote sum) put
     # the TB loss a quarter off; the cast is (B, T), against the model's forward
     log_prob = log_prob.float()
@@ -79,13 +76,12 @@ def fused_terms(config, log_prob, padded, beta: float, mode: str, group_size: in
     reward = tb.sequence_logprob(padded["rm_scores"].to(log_prob.dtype), mask)
     tokens = mask.sum(-1).clamp(min=1.0)
     stats = {
-        _BAD_GROUPS: (sizes != group_size).any(),
+        BAD_GROUPS_METRIC: (sizes != group_size).any(),
         "tb/kl": ((policy - ref).detach() / tokens).mean(),  # per-token k1, as verl's kl metric
     }
-    loss_scale = float(getattr(config.policy_loss, "loss_scale", 1.0))
     if mode == "tb":
         per_seq, log_z = tb.vargrad_tb_loss(policy, ref, reward, groups, beta, n_groups=n_rows)
-        loss = agg_loss(tb.spread_over_tokens(per_seq, mask), mask, "seq-mean-token-sum", **batch_info) * loss_scale
+        loss = aggregate(tb.spread_over_tokens(per_seq, mask), mask, "seq-mean-token-sum", config)
         # |A| = |log Z + delta| in 1/beta units, as the tb estimator reports it
         stats.update(
             {
@@ -99,15 +95,12 @@ def fused_terms(config, log_prob, padded, beta: float, mode: str, group_size: in
         is_ratio_max = float(getattr(config.policy_loss, "is_ratio_max", IS_RATIO_MAX))
         ratio = torch.exp(log_prob - padded["rollout_log_probs"].to(log_prob.dtype)).detach()
         loss_mat = tb.tb_pg_loss_matrix(log_prob, advantage.unsqueeze(-1) * mask, ratio, is_ratio_max)
-        loss = agg_loss(loss_mat, mask, config.loss_agg_mode, **batch_info) * loss_scale
-        n_tokens = mask.sum().clamp(min=1.0)
+        loss = aggregate(loss_mat, mask, config.loss_agg_mode, config)
         stats.update(
             {
                 "tb/log_z": log_z.mean(),
                 "tb/mean_abs_advantage": advantage.abs().mean(),  # in reward units
-                "tb_pg/is_ratio_clipfrac": ((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / n_tokens,
-                "tb_pg/ratio_mean": (ratio * mask).sum() / n_tokens,
-                "tb_pg/ratio_max": (ratio * mask).max(),
+                **{f"tb_pg/{k}": v for k, v in tb.ratio_stats(ratio, mask, is_ratio_max).items()},
             }
         )
     return loss, stats
@@ -137,7 +130,7 @@ def fused_tb_loss(config, model_output, data, dp_group=None):
     names = list(stats)
     values = dict(zip(names, torch.stack([stats[k].detach().to(torch.float32) for k in names]).tolist()))
     pg_loss = values.pop("actor/pg_loss")
-    if values.pop(_BAD_GROUPS):
+    if values.pop(BAD_GROUPS_METRIC):
         labels = data.select(GROUP_FIELD).to_padded_tensor()[GROUP_FIELD].tolist()
         sizes = sorted({labels.count(label) for label in labels})
         raise RuntimeError(

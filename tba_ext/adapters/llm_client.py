@@ -14,7 +14,7 @@ import contextvars
 
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
-from tba_ext.adapters.rows import SEARCHER_REFERENCE
+from tba_ext.core.wire import SEARCHER_REFERENCE
 
 # the segments of the request being generated in this asyncio task: each one's reference log-probs or None
 _SEGMENTS: contextvars.ContextVar[list | None] = contextvars.ContextVar("tba_reference_segments", default=None)

@@ -67,7 +67,7 @@ def _loss_field(config, name: str, default: float) -> float:
     return float(getattr(policy_loss, name, default)) if policy_loss is not None else default
 
 
-def _aggregate(loss_mat, mask, loss_agg_mode: str, config) -> torch.Tensor:
+def aggregate(loss_mat, mask, loss_agg_mode: str, config) -> torch.Tensor:
     """verl's agg_loss over the global batch (``global_batch_info``: exact across micro-batches and ranks),
     times the configured ``loss_scale``."""
     global_batch_info = getattr(config, "global_batch_info", None) or {}
@@ -96,7 +96,7 @@ def compute_policy_loss_tb(
     per_seq = tb.tb_loss_from_advantage(
         tb.sequence_logprob(log_prob, mask), tb.sequence_logprob(old_log_prob, mask), seq_adv
     )
-    loss = _aggregate(tb.spread_over_tokens(per_seq, mask), mask, "seq-mean-token-sum", config)
+    loss = aggregate(tb.spread_over_tokens(per_seq, mask), mask, "seq-mean-token-sum", config)
     metrics = {
         "tb/residual_var": per_seq.detach().mean(),
         "tb/policy_log_ratio": tb.sequence_logprob(log_prob - old_log_prob, mask).detach().mean(),
@@ -130,15 +130,9 @@ def compute_policy_loss_tb_pg(
     is_ratio_max = _loss_field(config, "is_ratio_max", IS_RATIO_MAX)
     ratio = tb.rollout_ratio(log_prob, old_log_prob, rollout_is_weights)
     loss_mat = tb.tb_pg_loss_matrix(log_prob, advantages, ratio, is_ratio_max)
-    loss = _aggregate(loss_mat, mask, loss_agg_mode, config)
-    clipped = (ratio > is_ratio_max).to(mask.dtype)
-    tokens = mask.sum().clamp(min=1.0)
-    metrics = {
-        "tb_pg/is_ratio_clipfrac": (clipped * mask).sum() / tokens,
-        "tb_pg/ratio_mean": (ratio * mask).sum() / tokens,
-        "tb_pg/ratio_max": (ratio * mask).max(),
-    }  # 0-dim tensors on the loss's device: verl's Metric reads them back
-    return loss, metrics
+    loss = aggregate(loss_mat, mask, loss_agg_mode, config)
+    # 0-dim tensors on the loss's device: verl's Metric reads them back
+    return loss, {f"tb_pg/{k}": v for k, v in tb.ratio_stats(ratio, mask, is_ratio_max).items()}
 
 
 LOSS_NAMES = ESTIMATOR_NAMES = TB_MODES

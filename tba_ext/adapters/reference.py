@@ -30,17 +30,12 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.transferqueue_utils import KVBatchMeta
 from verl.workers.utils.padding import response_from_nested
 
-from tba_ext.adapters.rows import SEARCHER_REFERENCE
 from tba_ext.core import tb
+from tba_ext.core.wire import KEY_FIELD, MICRO_BATCH_KEY, PARTITION_KEY, SEARCHER_REFERENCE, TODO_FIELD
 
 logger = logging.getLogger(__name__)
 
 REFERENCE_DIR = "tba_reference"  # the reference's shards, one file per rank, once a reset or the EMA moved it
-# what the trainer hands the update's call when the reference pass runs inside it (tba.ref_in_update):
-TODO_FIELD = "tba_ref_todo"  # per row: 1 = compute its reference log-probs before the update
-KEY_FIELD = "tba_key"  # per row: its TransferQueue key, under which the worker stores the values it computed
-PARTITION_KEY = "tba_ref_partition"  # extra_info: the batch's TransferQueue partition
-MICRO_BATCH_KEY = "tba_ref_micro_batch_size_per_gpu"  # extra_info: the reference pass's static micro-batch
 # the update's own settings, which the reference forward must not inherit (it sets its own or verl's defaults)
 _UPDATE_ONLY = (
     "force_group_size",

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
+from tba_ext.core.wire import SEARCHER_REFERENCE
+
 # per-sample fields: AgentLoopOutput's (under the names ``as_dict`` gives them) and what verl adds per sample
 _RENAMED = {
     "prompt_ids": "prompts",
@@ -37,11 +39,6 @@ PER_SAMPLE = ({_RENAMED.get(name, name) for name in AgentLoopOutput.model_fields
 _DERIVED_TAGS = ("status", "prompt_len", "response_len", "seq_len")
 # per-sample fields verl derives, in the order of the bit that says a row had them in the standard form
 _DERIVED = ("response_mask", "rm_scores", "input_ids", "position_ids", "attention_mask", "loss_mask")
-
-
-# an ``extra_fields`` entry of a searcher's output: the reference's log-probs of the response, computed by the
-# searcher with its copy of the initial model (``tba_ext.cpu.hf_rollout``); kept with the trajectory
-SEARCHER_REFERENCE = "tba_ref_log_probs"
 
 
 def pop_searcher_reference(row: dict) -> np.ndarray | None:

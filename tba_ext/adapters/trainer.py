@@ -37,7 +37,7 @@ from tba_ext.adapters.llm_client import ReferenceKeepingClient
 from tba_ext.adapters.lr_schedule import install_lr_schedule
 from tba_ext.adapters.reference import ReferenceMixin, data_parallel_size
 from tba_ext.adapters.trainer_metrics import TrainerMetricsMixin
-from tba_ext.core import tb
+from tba_ext.core import tb, wire
 from tba_ext.core.steps import scheduler_updates_per_call, step_folder, updates_per_step
 from tba_ext.tasks.data import check_chat_template
 
@@ -209,7 +209,7 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         centred = (reward - tb.group_mean(reward, groups)).unsqueeze(-1) * padded["response_mask"].to(reward.dtype)
         nested = response_to_nested(centred, response_mask)
         fields = TensorDict(
-            {fused.GROUP_FIELD: groups, "advantages": nested, "returns": nested.clone()}, batch_size=len(batch)
+            {wire.GROUP_FIELD: groups, "advantages": nested, "returns": nested.clone()}, batch_size=len(batch)
         )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
 
@@ -226,9 +226,9 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         actor = self.config.actor_rollout_ref.actor
         batch.extra_info.update(
             {
-                fused.BETA_KEY: self.current_beta(),
-                fused.MODE_KEY: actor.policy_loss.loss_mode,
-                fused.GROUP_SIZE_KEY: n,
+                wire.BETA_KEY: self.current_beta(),
+                wire.MODE_KEY: actor.policy_loss.loss_mode,
+                wire.GROUP_SIZE_KEY: n,
                 "force_group_size": n,
             }
         )

@@ -31,6 +31,15 @@ def updates_per_step(cfg: Mapping[str, Any]) -> int:
     return int(actor.get("ppo_epochs", 1)) * max(batch // mini, 1)
 
 
+def local_updates(cfg: Mapping[str, Any]) -> int:
+    """k: the ``update_actor`` calls that make one global step, each a local update between weight syncs
+    (``trainer.v1.separate_async.parameter_sync_step`` in (tba_)separate_async; 1 in every other mode)."""
+    v1 = cfg["trainer"].get("v1") or {}
+    if str(v1.get("trainer_mode", "sync")).removeprefix("tba_") != "separate_async":
+        return 1
+    return int((v1.get("separate_async") or {}).get("parameter_sync_step") or 1)
+
+
 def trainer_version(global_step: int, local_update: int, updates_per_step: int, local_updates: int) -> int:
     """Optimizer updates already applied to the policy that trains at ``local_update`` (from 0) of verl global
     step ``global_step`` (from 1), whose ``updates_per_step`` updates are made in ``local_updates`` samples (k in
@@ -87,6 +96,4 @@ def prompts_to_queue(
 def scheduler_updates_per_call(cfg: Mapping[str, Any]) -> int:
     """Optimizer updates per verl scheduler step: verl steps the actor's scheduler once per ``update_actor`` call,
     which is one per global step, or one per local update in separate_async."""
-    mode = cfg["trainer"].get("v1", {}).get("trainer_mode", "")
-    calls = int(cfg["trainer"]["v1"]["separate_async"]["parameter_sync_step"]) if mode.endswith("separate_async") else 1
-    return updates_per_step(cfg) // calls
+    return updates_per_step(cfg) // local_updates(cfg)

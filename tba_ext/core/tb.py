@@ -150,6 +150,17 @@ def tb_pg_loss_matrix(
     return -torch.clamp(ratio.detach(), max=is_ratio_max) * advantage * token_logprob
 
 
+def ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, is_ratio_max: float) -> dict[str, torch.Tensor]:
+    """Statistics of TBA''s per-token ratio pi_theta / pi_rollout over the response tokens (``mask``): the share
+    clamped at ``is_ratio_max``, the mean and the max. 0-dim tensors on the ratio's device."""
+    tokens = mask.sum().clamp(min=1.0)
+    return {
+        "is_ratio_clipfrac": ((ratio > is_ratio_max).to(mask.dtype) * mask).sum() / tokens,
+        "ratio_mean": (ratio * mask).sum() / tokens,
+        "ratio_max": (ratio * mask).max(),
+    }
+
+
 def beta_at_step(step: int, beta_init: float, beta_final: float | None, anneal_steps: int) -> float:
     """Linear beta anneal of the paper's GSM8K runs (reference code, tba_trainer_gsm8k.py:657-662).
 

@@ -35,7 +35,7 @@ from transformers import (
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from tba_ext.adapters.rows import SEARCHER_REFERENCE
+from tba_ext.core.wire import SEARCHER_REFERENCE
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""``tba-ext compare``: TB, TBA' and Dr. GRPO on identical model, warm start, data and seeds, over staleness.
+"""``tba-ext compare``: TB, TBA′ and Dr. GRPO on identical model, warm start, data and seeds, over staleness.
 
 Staleness s bounds every source of off-policy data for every method (``tba_ext.tools.recipe.method_overrides``):
-s = 0 is on-policy; s > 0 lets generation run s batches ahead and TB / TBA' replay nothing staler than s.
+s = 0 is on-policy; s > 0 lets generation run s batches ahead and TB / TBA′ replay nothing staler than s.
 Dr. GRPO is verl's built-in (``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False``, no KL).
 The quickstart's recipe (model, warm start, lr, batch, beta, m) is the one used here. Each run reports held-out
 greedy accuracy (verl's own validation, before training and every ``eval_every`` updates) and the sampled
@@ -28,6 +28,7 @@ from tba_ext.tools.recipe import (
     METHODS,
     SHORT,
     STALL_TIMEOUT_S,
+    label,
     method_overrides,
     prepare,
     training_overrides,
@@ -81,6 +82,34 @@ def summarise(results: list[dict]) -> dict:
     return summary
 
 
+def paired_differences(results: list[dict], baseline: str = "drgrpo") -> dict:
+    """Per method and staleness, the seed-paired difference of held-out greedy gain against ``baseline`` (the same
+    seed's model, warm start and data order): mean, sd, half-width of the 95 % paired t-interval, n seeds, and
+    whether the interval excludes 0. Seeds without both runs are left out."""
+    runs = {(r["method"], str(r["staleness"]), r["seed"]): r for r in results}
+    diffs: dict = {}
+    for (method, s, seed), r in sorted(runs.items(), key=lambda kv: str(kv[0])):
+        base = runs.get((baseline, s, seed))
+        if method != baseline and base is not None:
+            gain = r["accuracy_after"] - r["accuracy_before"]
+            diffs.setdefault(method, {}).setdefault(s, []).append(
+                gain - (base["accuracy_after"] - base["accuracy_before"])
+            )
+    out: dict = {}
+    for method, by_s in diffs.items():
+        for s, values in by_s.items():
+            mean, sd, half = interval95(values)
+            excludes_zero = len(values) > 1 and (mean - half > 0 or mean + half < 0)
+            out.setdefault(method, {})[s] = {
+                "mean": mean,
+                "sd": sd,
+                "ci95": half,
+                "n_seeds": len(values),
+                "excludes_zero": excludes_zero,
+            }
+    return out
+
+
 def _method_order(method: str) -> int:
     return list(METHODS).index(method) if method in METHODS else len(METHODS)
 
@@ -96,8 +125,8 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
     import matplotlib.pyplot as plt
 
     by_method: dict = {}
-    for label, runs in curves.items():
-        method, _, s = label.rpartition(" s=")
+    for name, runs in curves.items():
+        method, _, s = name.rpartition(" s=")
         by_method.setdefault(method, {})[int(s)] = runs
     methods = sorted(by_method, key=_method_order)
     fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.6), sharey=True, squeeze=False)
@@ -120,7 +149,7 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
             ax.plot(xs, mean, marker="o", markersize=3, label=f"s={s} (n={len(runs)})")
             ax.fill_between(xs, mean - half, mean + half, alpha=0.15)
         ax.axhline(0.0, color="grey", linewidth=0.8)
-        ax.set_title(method)
+        ax.set_title(label(method))
         ax.set_xlabel("optimizer updates" if x == "step" else "wall-clock (s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -140,6 +169,8 @@ def compare(
     eval_every: int | None = None,
     results_path: str | None = None,
 ) -> dict:
+    """Every method at every staleness for every seed, each seed's methods from one prepared folder (identical
+    model, data and warm start); the results JSON, report and plots in ``run_dir``."""
     p = SHORT if short else FULL  # its method is the quickstart's objective; compare runs each of ``methods``
     steps = steps or (3 if short else p.rl_steps)
     eval_every = eval_every or steps
@@ -161,71 +192,75 @@ def compare(
         for s in staleness:
             for method in methods:
                 done += 1
-                print(f"== [{done}/{total}] {method} s={s} seed={seed}", flush=True)
-                tag = f"{method.replace('. ', '').replace(' ', '_').replace(chr(39), 'p')}_s{s}"
-                metrics, ckpt = f"{seed_dir}/{tag}.jsonl", f"{seed_dir}/{tag}_ckpt"
-                start = time.time()
-                run_verl(
-                    METHODS[method][0],
-                    training_overrides(seed_dir, p, seed, steps, eval_every)
-                    + method_overrides(method, s, p.recency_prob)
-                    + [
-                        f"trainer.save_freq={steps}",
-                        f"trainer.default_local_dir={ckpt}",
-                        "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
-                    ],
-                    log_path=metrics.replace(".jsonl", ".log"),
-                    metrics_path=metrics,
-                    stall_timeout=STALL_TIMEOUT_S,
-                )
-                wall = time.time() - start
-                after = greedy_accuracy(
-                    hf_model_dir(ckpt, steps), f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed
-                )
-                shutil.rmtree(ckpt, ignore_errors=True)
-                records = report.add_elapsed(report.read_metrics(metrics))
-                val_key = report.find_key(records, "val-core/", "mean@1")
-                val_steps, val = report.series(records, val_key) if val_key else ([], [])
-                times = dict(zip(*report.series(records, "tba/elapsed_s")))
-                curves.setdefault(f"{method} s={s}", []).append(
-                    {
-                        "steps": [0, *val_steps[1:]],
-                        "accuracy": val,
-                        "time": [0.0, *[times.get(x, float("nan")) for x in val_steps[1:]]],
-                    }
-                )
-                results.append(
-                    {
-                        "method": method,
-                        "staleness": s,
-                        "seed": seed,
-                        "accuracy_before": before["accuracy"],
-                        "accuracy_after": after["accuracy"],
-                        "sampled_before": before["sampled_accuracy"],
-                        "sampled_after": after["sampled_accuracy"],
-                        "train_reward_last": report.series(records, "critic/score/mean")[1][-1],
-                        "grad_norm_median": float(np.median(report.series(records, "actor/grad_norm")[1])),
-                        "mean_staleness": _mean(
-                            report.series(records, "training/off_policy/trajectory_staleness/mean")[1]
-                        ),
-                        "wall_s": wall,
-                    }
-                )
-                print(
-                    f"   held-out {before['accuracy']:.3f} -> {after['accuracy']:.3f} (sampled "
-                    f"{before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}) in {wall:.0f}s",
-                    flush=True,
-                )
+                print(f"== [{done}/{total}] {label(method)} s={s} seed={seed}", flush=True)
+                result, curve = train_one(seed_dir, p, seed, method, s, steps, eval_every, before)
+                results.append(result)
+                curves.setdefault(f"{method} s={s}", []).append(curve)
     payload = {
         "recipe": {k: v for k, v in dataclasses.asdict(p).items() if k != "method"},  # each method ran
         "steps": steps,
         "seeds": list(seeds),
         "staleness": list(staleness),
         "methods": list(methods),
+        "labels": {m: label(m) for m in methods},
         "runs": results,
         "curves": curves,
     }
     return write_results(run_dir, payload, results_path)
+
+
+def train_one(
+    seed_dir: str, p, seed: int, method: str, s: int, steps: int, eval_every: int, before: dict
+) -> tuple[dict, dict]:
+    """One verl run of ``method`` at staleness ``s`` from the seed's prepared folder, evaluated on the held-out
+    split: its result row and its validation curve (accuracy vs updates and vs seconds)."""
+    tag = f"{method}_s{s}"
+    metrics, ckpt = f"{seed_dir}/{tag}.jsonl", f"{seed_dir}/{tag}_ckpt"
+    start = time.time()
+    run_verl(
+        METHODS[method].config,
+        training_overrides(seed_dir, p, seed, steps, eval_every)
+        + method_overrides(method, s, p.recency_prob)
+        + [
+            f"trainer.save_freq={steps}",
+            f"trainer.default_local_dir={ckpt}",
+            "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
+        ],
+        log_path=metrics.replace(".jsonl", ".log"),
+        metrics_path=metrics,
+        stall_timeout=STALL_TIMEOUT_S,
+    )
+    wall = time.time() - start
+    after = greedy_accuracy(hf_model_dir(ckpt, steps), f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    records = report.add_elapsed(report.read_metrics(metrics))
+    val_key = report.find_key(records, "val-core/", "mean@1")
+    val_steps, val = report.series(records, val_key) if val_key else ([], [])
+    times = dict(zip(*report.series(records, "tba/elapsed_s")))
+    curve = {
+        "steps": [0, *val_steps[1:]],
+        "accuracy": val,
+        "time": [0.0, *[times.get(x, float("nan")) for x in val_steps[1:]]],
+    }
+    result = {
+        "method": method,
+        "staleness": s,
+        "seed": seed,
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"],
+        "sampled_before": before["sampled_accuracy"],
+        "sampled_after": after["sampled_accuracy"],
+        "train_reward_last": report.series(records, "critic/score/mean")[1][-1],
+        "grad_norm_median": float(np.median(report.series(records, "actor/grad_norm")[1])),
+        "mean_staleness": _mean(report.series(records, "training/off_policy/trajectory_staleness/mean")[1]),
+        "wall_s": wall,
+    }
+    print(
+        f"   held-out {before['accuracy']:.3f} -> {after['accuracy']:.3f} (sampled "
+        f"{before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}) in {wall:.0f}s",
+        flush=True,
+    )
+    return result, curve
 
 
 def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> dict:
@@ -236,13 +271,14 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
             raise ValueError(f"cannot merge compare results with different {key}: {paths}")
     curves: dict = {}
     for part in parts:
-        for label, runs in part["curves"].items():
-            curves.setdefault(label, []).extend(runs)
+        for name, runs in part["curves"].items():
+            curves.setdefault(name, []).extend(runs)
     payload = {
         **parts[0],
         "seeds": sorted({s for part in parts for s in part["seeds"]}),
         "staleness": sorted({s for part in parts for s in part["staleness"]}),
         "runs": [r for part in parts for r in part["runs"]],
+        "labels": {m: label(m) for part in parts for m in part["methods"]},
         "curves": curves,
     }
     report.ensure_dir(run_dir)
@@ -252,6 +288,7 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
 def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict:
     """Summary, JSON, band plots (vs updates and vs wall-clock) and the markdown table of a compare grid."""
     summary = payload["summary"] = summarise(payload["runs"])
+    paired = payload["paired_vs_drgrpo"] = paired_differences(payload["runs"])
     _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_updates.png", "step")
     _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_time.png", "time")
     report.write_json(payload, f"{run_dir}/compare.json")
@@ -259,7 +296,7 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
         report.write_json(payload, results_path)
     rows = [
         {
-            "method": m,
+            "method": label(m),
             "staleness": s,
             "n": v["n_seeds"],
             "held-out gain (mean +- sd)": f"{v['gain_mean']:+.3f} +- {v['gain_sd']:.3f}",
@@ -272,15 +309,32 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
         for s, v in sorted(by_s.items(), key=lambda kv: int(kv[0]))
     ]
     table = report.md_table(rows, list(rows[0]))
+    paired_rows = [
+        {
+            "difference": f"{label(m)} - Dr. GRPO",
+            "staleness": s,
+            "n (paired seeds)": v["n_seeds"],
+            "greedy gain difference (mean +- sd)": f"{v['mean']:+.3f} +- {v['sd']:.3f}",
+            "95% paired t-interval": f"[{v['mean'] - v['ci95']:+.3f}, {v['mean'] + v['ci95']:+.3f}]",
+            "excludes 0": "yes" if v["excludes_zero"] else "no",
+        }
+        for m, by_s in sorted(paired.items(), key=lambda kv: _method_order(kv[0]))
+        for s, v in sorted(by_s.items(), key=lambda kv: int(kv[0]))
+    ]
+    paired_table = report.md_table(paired_rows, list(paired_rows[0])) if paired_rows else "(no paired runs)"
     with open(f"{run_dir}/report.md", "w") as f:
         f.write(
-            "# TB vs TBA' vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds; staleness s bounds "
+            "# TB vs TBA′ vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds; staleness s bounds "
             "all off-policy data (s = 0: on-policy). Gain = held-out accuracy after - before: greedy, and sampled "
             f"(mean reward of {EVAL_SAMPLES} temperature-1 samples per prompt).\n\n"
             + table
+            + "\n\nPaired by seed (same warm start and data order): difference in held-out greedy gain against "
+            "Dr. GRPO, with a 95 % paired t-interval over seeds.\n\n"
+            + paired_table
             + "\n\n![vs updates](accuracy_vs_updates.png)\n\n![vs time](accuracy_vs_time.png)\n"
         )
     print(table)
+    print(paired_table)
     print(f"report: {run_dir}/report.md")
     return payload
 

@@ -25,6 +25,7 @@ from tba_ext.tools.recipe import (
     SHORT,
     STALL_TIMEOUT_S,
     Recipe,
+    label,
     method_overrides,
     prepare,
     training_overrides,
@@ -60,16 +61,16 @@ def quickstart(run_dir: str, short: bool = False, seed: int = 0, overrides: list
         flush=True,
     )
 
-    config, _, replay = METHODS[p.method]
+    method = METHODS[p.method]
     print(
-        f"[4/5] {p.method} training with verl ({config}{', replay' if replay else ''}, generation "
+        f"[4/5] {method.label} training with verl ({method.config}{', replay' if method.replay else ''}, generation "
         f"{p.staleness} batch ahead): {p.rl_steps} steps",
         flush=True,
     )
     metrics_path = f"{run_dir}/metrics.jsonl"
     t_rl = time.time()
     run_verl(
-        config,
+        method.config,
         rl_overrides(run_dir, p, seed, overrides),
         log_path=f"{run_dir}/verl.log",
         metrics_path=metrics_path,
@@ -116,8 +117,8 @@ def quickstart(run_dir: str, short: bool = False, seed: int = 0, overrides: list
 def write_report(run_dir: str, summary: dict, records: list[dict]) -> None:
     objective = (
         ("actor/tb/residual_var", "TB loss (residual variance)")
-        if summary["method"] == "TB"
-        else ("tb/mean_abs_advantage", "|TB advantage| (TBA' policy-gradient weight)")
+        if summary["method"] == "tb"
+        else ("tb/mean_abs_advantage", "|TB advantage| (TBA′ policy-gradient weight)")
     )
     panels = [
         ("critic/score/mean", "train reward"),
@@ -142,7 +143,7 @@ def write_report(run_dir: str, summary: dict, records: list[dict]) -> None:
                     "held-out sampled accuracy": summary["sampled_before"],
                 },
                 {
-                    "stage": f"after {summary['rl_steps']} TBA steps ({summary['method']} objective)",
+                    "stage": f"after {summary['rl_steps']} TBA steps ({label(summary['method'])} objective)",
                     "held-out greedy accuracy": summary["accuracy_after"],
                     "held-out sampled accuracy": summary["sampled_after"],
                 },

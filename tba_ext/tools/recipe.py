@@ -14,7 +14,7 @@ class Recipe:
     """One CPU run's recipe: task, model, warm start and RL settings. Measured choices: docs/quickstart.md and
     benchmarks/results/; see each field's comment in FULL."""
 
-    method: str  # the objective, a key of METHODS
+    method: str  # the objective: a slug, a key of METHODS
     task: str
     size: str  # model size (tools.models.SIZES)
     train: int  # training prompts
@@ -30,7 +30,7 @@ class Recipe:
 
 
 FULL = Recipe(
-    method="TBA'",  # the quickstart's objective: over 3 seeds x 2 repeats greedy gain +0.138 +- 0.066 vs plain
+    method="tb_pg",  # the quickstart's objective, TBA′: over 3 seeds x 2 repeats greedy gain +0.138 +- 0.066 vs plain
     # TB's +0.094 +- 0.051 (benchmarks/results/quickstart_spread*.json)
     task="arith20",  # two-digit sums, 80 held-out operand pairs (arith has only 10: a coarse measure)
     size="small",
@@ -50,7 +50,7 @@ FULL = Recipe(
 # CI's plumbing run. 4 updates of 16 prompts at lr 1e-4: held-out greedy 0.41 -> 0.41, 0.09 -> 0.19, 0.41 -> 0.41
 # (seeds 0-2; plain TB 0.41 -> 0.53, 0.09 -> 0.22, 0.41 -> 0.41); 8 prompts at 3e-4 left seed 2 at 0.41 -> 0.19
 SHORT = Recipe(
-    method="TBA'",
+    method="tb_pg",
     task="arith",
     size="tiny",
     train=256,
@@ -72,12 +72,29 @@ REPLAY_SAMPLER = [
     f"trainer.v1.sampler.custom_sampler.path={REPLAY_SAMPLER_PATH}",
     f"trainer.v1.sampler.custom_sampler.name={REPLAY_SAMPLER_NAME}",
 ]
+
+
+@dataclass(frozen=True)
+class Method:
+    """An objective the quickstart and ``tba-ext compare`` train: how it is shown and which shipped CPU config runs
+    it. Code, run folders and results JSONs name it by its slug (its key in METHODS)."""
+
+    label: str  # how reports and plots show it
+    config: str  # the shipped CPU config (tba_ext/configs)
+    trainer_prefix: str  # "tba_" for tba-ext's trainer modes, "" for verl's own
+    replay: bool  # trains from tba-ext's replay store
+
+
 METHODS = {
-    # name: (config, trainer-mode prefix, uses the replay store)
-    "TB": ("cpu_tba", "tba_", True),
-    "TBA'": ("cpu_tb_pg", "tba_", True),
-    "Dr. GRPO": ("cpu_drgrpo", "", False),
+    "tb": Method("TB", "cpu_tba", "tba_", True),
+    "tb_pg": Method("TBA′", "cpu_tb_pg", "tba_", True),
+    "drgrpo": Method("Dr. GRPO", "cpu_drgrpo", "", False),
 }
+
+
+def label(method: str) -> str:
+    """A method's display label; results written before slugs named methods by their labels."""
+    return METHODS[method].label if method in METHODS else method
 
 
 def method_overrides(method: str, staleness: int, recency_prob: float) -> list[str]:
@@ -85,12 +102,12 @@ def method_overrides(method: str, staleness: int, recency_prob: float) -> list[s
     s = 0 is on-policy (verl's sync trainer; TB and TBA' draw only fresh groups: m = 1, max_staleness = 0);
     s > 0 is verl's colocate_async with generation s batches ahead, and TB and TBA' replay with m, never
     anything staler than s."""
-    config, prefix, replay = METHODS[method]
-    out = [f"trainer.v1.trainer_mode={prefix}{'colocate_async' if staleness else 'sync'}"]
+    m = METHODS[method]
+    out = [f"trainer.v1.trainer_mode={m.trainer_prefix}{'colocate_async' if staleness else 'sync'}"]
     if staleness:
         out.append(f"trainer.v1.colocate_async.num_warmup_batches={staleness}")
-    if replay:
-        ships_sampler = config == "cpu_tba"
+    if m.replay:
+        ships_sampler = m.config == "cpu_tba"
         add = "" if ships_sampler else "+"
         out += ([] if ships_sampler else REPLAY_SAMPLER) + [
             f"{add}{SAMPLER_KWARGS}recency_prob={recency_prob if staleness else 1.0}",
