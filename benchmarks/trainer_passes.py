@@ -79,6 +79,8 @@ def one_run(run_dir, name, config, overrides, steps, repeat):
     return {
         "trainer_s": statistics.median(sum(d.get(f"timing_s/{s}", 0.0) for s in STAGES) for d in measured),
         "stage_s": stage_s,
+        # the share of update_actor that is the reference forward inside it (tba.ref_in_update)
+        "reference_in_update_s": statistics.median(d.get("actor/tba/reference_in_update_s", 0.0) for d in measured),
         # generation (verl's gen timer): where the searcher's reference forward is paid instead
         "gen_s": statistics.median(d.get("timing_s/gen", 0.0) for d in measured),
         # the whole step: generation, the trainer's path and what follows the update (the EMA reference's
@@ -119,6 +121,7 @@ def main():
         name: {
             "trainer_s": spread([r["trainer_s"] for r in rs]),
             "stage_s": {s: statistics.median(r["stage_s"][s] for r in rs) for s in STAGES},
+            "reference_in_update_s": statistics.median(r["reference_in_update_s"] for r in rs),
             "gen_s": spread([r["gen_s"] for r in rs]),
             "step_s": spread([r["step_s"] for r in rs]),
             "response_length": statistics.median(r["response_length"] for r in rs),

@@ -134,6 +134,7 @@ def reference_in_update_and_three_call_agree(tiny_run, tmp_path, algo, one, metr
     assert metrics_in_update["tba/trainer_calls_per_update"] == 1
     # a forward for the reference and a forward + backward, per trajectory
     assert metrics_in_update["tba/trainer_forward_units_per_trajectory"] == 4
+    assert metrics_in_update["actor/tba/reference_in_update_s"] > 0  # the update's time splits into the two passes
     three, metrics_three = one_update(tiny_run, tmp_path / "three_call", 1, algo, fused=False)
     # verl's old-log-prob pass reports the entropy; the fused update makes no such pass
     assert "actor/entropy" in metrics_three and "actor/entropy" not in metrics_one

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import ray
 import torch
@@ -31,7 +32,14 @@ from verl.utils.transferqueue_utils import KVBatchMeta
 from verl.workers.utils.padding import response_from_nested
 
 from tba_ext.core import tb
-from tba_ext.core.wire import KEY_FIELD, MICRO_BATCH_KEY, PARTITION_KEY, SEARCHER_REFERENCE, TODO_FIELD
+from tba_ext.core.wire import (
+    KEY_FIELD,
+    MICRO_BATCH_KEY,
+    PARTITION_KEY,
+    REFERENCE_IN_UPDATE_METRIC,
+    SEARCHER_REFERENCE,
+    TODO_FIELD,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +123,15 @@ def install_reference_in_update(worker, ref_in_actor: bool) -> int:
             raise RuntimeError("tba-ext: tba.ref_in_update needs the reference model in the actor's processes")
 
         def train_mini_batch(data, _train=actor.train_mini_batch, _ref=ref, _worker=candidate):
-            _reference_into_batch(_worker, _ref, data, ref_in_actor)
-            return _train(data=data)
+            start = time.perf_counter()
+            _reference_into_batch(_worker, _ref, data, ref_in_actor)  # ends in a host read: the time is the work's
+            seconds = time.perf_counter() - start
+            output = _train(data=data)
+            if output is not None:  # the rank that reports the update's metrics reports the reference's share
+                metrics = dict(tu.get(output, "metrics"))
+                metrics[REFERENCE_IN_UPDATE_METRIC] = [seconds]
+                tu.assign_non_tensor(output, metrics=metrics)
+            return output
 
         actor.train_mini_batch = train_mini_batch  # the instance's, which verl's update_actor calls
         wrapped += 1

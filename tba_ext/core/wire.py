@@ -19,5 +19,8 @@ KEY_FIELD = "tba_key"  # per row: its TransferQueue key, under which the worker 
 PARTITION_KEY = "tba_ref_partition"  # extra_info: the batch's TransferQueue partition
 MICRO_BATCH_KEY = "tba_ref_micro_batch_size_per_gpu"  # extra_info: the reference pass's static micro-batch
 
+# seconds of an update_actor call spent on the reference forward inside it (verl logs it as actor/<name>)
+REFERENCE_IN_UPDATE_METRIC = "tba/reference_in_update_s"
+
 # the fused loss's run-time guard, reported with the update's metrics and read back by the trainer
 BAD_GROUPS_METRIC = "tba/groups_not_whole"
