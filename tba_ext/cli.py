@@ -131,20 +131,16 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (also rendered into docs/cli.md)."""
-    from tba_ext.tasks.data import TASKS
-
-    parser = argparse.ArgumentParser(prog="tba-ext", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_doctor(sub) -> None:
     p = sub.add_parser("doctor", help="versions, platform and every name tba-ext registered with verl")
     p.set_defaults(fn=cmd_doctor)
 
+
+def add_make_model(sub, tasks) -> None:
     p = sub.add_parser("make-model", help="build a Qwen2-architecture model and BPE tokenizer offline")
     p.add_argument("--out", required=True)
     p.add_argument("--size", default="tiny", choices=["tiny", "small", "base"])
-    p.add_argument("--task", default="arith", choices=TASKS)
+    p.add_argument("--task", default="arith", choices=tasks)
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument(
         "--no-chat-template",
@@ -161,8 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_model)
 
+
+def add_prepare_data(sub, tasks) -> None:
     p = sub.add_parser("prepare-data", help="write a task's train/test parquet files in verl's format")
-    p.add_argument("--task", default="arith", choices=TASKS)
+    p.add_argument("--task", default="arith", choices=tasks)
     p.add_argument("--out", required=True)
     p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, math, tldr)")
     p.add_argument(
@@ -187,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_prepare_data)
 
+
+def add_evaluate(sub) -> None:
     p = sub.add_parser("evaluate", help="greedy pass@1, TL;DR win rate, or red-teaming ASR + diversity")
     p.add_argument("--task", default="arith", help="arith | gsm_symbolic | gsm8k | tldr | redteam")
     p.add_argument("--model", required=True, help="saved policy (a verl checkpoint's huggingface dir)")
@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedder", default=None, help="redteam: sentence-transformers model (default MiniLM)")
     p.set_defaults(fn=cmd_evaluate)
 
+
+def add_train(sub) -> None:
     p = sub.add_parser("train", help="run verl's main_ppo on a tba-ext config (extra args are Hydra overrides)")
     p.add_argument("--config", default="cpu_tb")
     p.add_argument("--run-dir", default=None, help="folder with model/ and data/ (sets run_dir=)")
@@ -220,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_train)
 
+
+def add_configs(sub) -> None:
     p = sub.add_parser("configs", help="the configs tba-ext ships, CPU and GPU, and where they are")
     p.add_argument(
         "--path",
@@ -229,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(fn=cmd_configs)
 
+
+def add_quickstart(sub) -> None:
     p = sub.add_parser("quickstart", help="CPU quickstart: model, data, warm start, TBA training, report")
     p.add_argument("--run-dir", default="tba_quickstart")
     p.add_argument("--short", action="store_true", help="a shortened run (CI)")
@@ -236,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for the verl run")
     p.set_defaults(fn=cmd_quickstart)
 
-    p = sub.add_parser("compare", help="TB vs TBA' vs Dr. GRPO on identical model, data and seeds over staleness")
+
+def add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="TB vs TBA′ vs Dr. GRPO on identical model, data and seeds over staleness")
     p.add_argument("--run-dir", default="tba_compare")
     p.add_argument("--short", action="store_true", help="a shortened run (CI)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -247,11 +255,36 @@ def build_parser() -> argparse.ArgumentParser:
         default=[0, 4, 10],
         help="bounds all off-policy data: 0 = on-policy; s = generation s batches ahead, replay <= s",
     )
-    p.add_argument("--methods", nargs="+", default=["TB", "TBA'", "Dr. GRPO"])
+    from tba_ext.tools.recipe import METHODS
+
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=list(METHODS),
+        help=", ".join(f"{slug}: {m.label}" for slug, m in METHODS.items()),
+    )
     p.add_argument("--steps", type=int, default=None, help="optimizer updates per run (default: the recipe's)")
     p.add_argument("--eval-every", type=int, default=None, help="held-out validation every N updates")
     p.add_argument("--results", default=None, help="also write the results JSON here")
     p.set_defaults(fn=cmd_compare)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also rendered into docs/cli.md)."""
+    from tba_ext.tasks.data import TASKS
+
+    parser = argparse.ArgumentParser(prog="tba-ext", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    # the help and docs/cli.md list the subcommands in the order they are added
+    add_doctor(sub)
+    add_make_model(sub, TASKS)
+    add_prepare_data(sub, TASKS)
+    add_evaluate(sub)
+    add_train(sub)
+    add_configs(sub)
+    add_quickstart(sub)
+    add_compare(sub)
     return parser
 
 

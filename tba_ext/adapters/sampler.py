@@ -177,16 +177,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
             metrics.update(evictions)
             ingest_start = time.perf_counter()
-            # by default oldest first, at most a batch per update (verl's order): groups generated ahead of
-            # training wait in TransferQueue, so generation ahead (colocate_async) makes the fresh data as stale
-            # for TB as it is for verl's own samplers. Free-running searchers (min_fresh_groups set) produce at
-            # their own pace: everything finished enters the store, as the reference's sync delivers it
-            take = (
-                set(sampleable)
-                if free_running
-                else set(self._select_prompt_uids(partition_id, set(sampleable), batch_size)[0])
-            )
-            for key, value in self._ingest(partition_id, take).items():
+            for key, value in self._ingest_finished(partition_id, sampleable, batch_size, free_running).items():
                 ingest[key] += value
             ingest_s += time.perf_counter() - ingest_start
             if not self.initial_buffer_filled and self.store.num_prompts >= min_buffer:
@@ -211,17 +202,43 @@ class TBAReplaySampler(ReplayBufferAsync):
             # nothing sampleable yet (empty store, initial buffer not full, all of it past max_staleness, or
             # fewer distinct prompts than a batch where the searchers run free)
             if time.monotonic() > deadline:
-                raise ReplayWaitTimeoutError(
-                    f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
-                    f"({len(self.store)} trajectories of {self.store.num_prompts} prompts stored, initial buffer "
-                    f"{min_buffer} prompts, max_staleness={self.settings.max_staleness}"
-                    f"{f'; a batch needs {batch_size} distinct prompts' if free_running else ''}); "
-                    "are the searchers alive? "
-                    f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer"
-                )
+                raise self._wait_timeout_error(batch_size, min_buffer, free_running)
             need = 1
             time.sleep(self.poll_interval)
         serve_start = time.perf_counter()
+        keys, tags = self._serve(report, partition_id)
+        metrics.update(self._metrics(report, current_version, ingest))
+        metrics["replay/short_of_prompts"] = float(short_of_prompts)
+        metrics.update(self._timing_metrics(start, serve_start, ingest_s, draw_s))
+        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+
+    def _ingest_finished(self, partition_id: str, sampleable, batch_size: int, free_running: bool) -> dict:
+        """Move the finished groups this update takes out of TransferQueue into the store; ``_ingest``'s counts."""
+        # by default oldest first, at most a batch per update (verl's order): groups generated ahead of
+        # training wait in TransferQueue, so generation ahead (colocate_async) makes the fresh data as stale
+        # for TB as it is for verl's own samplers. Free-running searchers (min_fresh_groups set) produce at
+        # their own pace: everything finished enters the store, as the reference's sync delivers it
+        take = (
+            set(sampleable)
+            if free_running
+            else set(self._select_prompt_uids(partition_id, set(sampleable), batch_size)[0])
+        )
+        return self._ingest(partition_id, take)
+
+    def _wait_timeout_error(self, batch_size: int, min_buffer: int, free_running: bool) -> ReplayWaitTimeoutError:
+        """The error that stops a run whose store could not serve a batch within ``wait_timeout_s``."""
+        return ReplayWaitTimeoutError(
+            f"the replay store could not serve {batch_size} groups for {self.settings.wait_timeout_s:.0f} s "
+            f"({len(self.store)} trajectories of {self.store.num_prompts} prompts stored, initial buffer "
+            f"{min_buffer} prompts, max_staleness={self.settings.max_staleness}"
+            f"{f'; a batch needs {batch_size} distinct prompts' if free_running else ''}); "
+            "are the searchers alive? "
+            f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer"
+        )
+
+    def _serve(self, report, partition_id: str) -> tuple[list[str], list[dict]]:
+        """Write the drawn groups back to TransferQueue under fresh keys, one new uid per group, and remember
+        each served row for the reference pass; the keys and tags written."""
         keys, tags, rows = [], [], []
         self.served = {}
         for group in report.groups:
@@ -234,15 +251,19 @@ class TBAReplaySampler(ReplayBufferAsync):
                 rows.append(row)
                 self.served[keys[-1]] = (traj, row["response_mask"])
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
-        metrics.update(self._metrics(report, current_version, ingest))
-        metrics["replay/short_of_prompts"] = float(short_of_prompts)
+        return keys, tags
+
+    @staticmethod
+    def _timing_metrics(start: float, serve_start: float, ingest_s: float, draw_s: float) -> dict:
+        """Where one sample's time went, from its start to now."""
         end = time.perf_counter()
-        metrics["replay/ingest_s"] = ingest_s  # finished groups out of TransferQueue into the store
-        metrics["replay/draw_s"] = draw_s  # the sampling rule
-        metrics["replay/serve_s"] = end - serve_start  # the drawn rows rebuilt and written back to TransferQueue
-        # the rest: TransferQueue's metadata polls, and waiting for generation or the initial buffer
-        metrics["replay/wait_s"] = serve_start - start - ingest_s - draw_s
-        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+        return {
+            "replay/ingest_s": ingest_s,  # finished groups out of TransferQueue into the store
+            "replay/draw_s": draw_s,  # the sampling rule
+            "replay/serve_s": end - serve_start,  # the drawn rows rebuilt and written back to TransferQueue
+            # the rest: TransferQueue's metadata polls, and waiting for generation or the initial buffer
+            "replay/wait_s": serve_start - start - ingest_s - draw_s,
+        }
 
     # -- reference log-probs, kept with the trajectories (TrajectoryStore.reference_version) ---------------
     def cached_reference(self, keys: list[str]) -> dict[str, torch.Tensor]:

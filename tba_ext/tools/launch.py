@@ -116,6 +116,36 @@ def run_verl(
     """
     if stall_timeout is None and os.environ.get("TBA_EXT_STALL_TIMEOUT"):
         stall_timeout = float(os.environ["TBA_EXT_STALL_TIMEOUT"])
+    cfg, extra_env, cpu_host = _checked_config(config_name, overrides, extra_env)
+    ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
+    env = launch_env(os.environ, cpu_host=cpu_host, extra=extra_env)
+    logger = []
+    if metrics_path:
+        env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
+        logger = ["trainer.logger=[console,file]"]
+    cmd = _verl_command(config_name, overrides, cfg, ray_tmp, env, logger)
+    progress = _Progress(int(cfg.trainer.total_training_steps or 0))
+    log = open(log_path, "w") if log_path else None
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    reader, causes = _start_reader(proc, log, progress)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        rc, stalled = _wait_or_stop_stalled(proc, progress, stall_timeout, startup_timeout)
+    except (KeyboardInterrupt, _Terminated):
+        terminate(proc)
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _end_run(proc, reader, log, ray_tmp)
+    _raise_if_failed(rc, stalled, check, causes, log_path)
+    return rc
+
+
+def _checked_config(config_name: str, overrides: list[str], extra_env: dict | None):
+    """The composed config, checked as the run will see it; ``extra_env`` plus the joined cluster's runtime
+    choice; and whether this host runs the CPU runtime."""
     from tba_ext.cpu.runtime import OVERRIDE_ENV, cpu_runtime_active
 
     check_overrides_are_read(config_name, overrides)
@@ -126,15 +156,14 @@ def run_verl(
     with _environ({k: v for k, v in extra_env.items() if k == OVERRIDE_ENV}):
         preflight(cfg)
         cpu_host = cpu_runtime_active()
-    ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
-    env = launch_env(os.environ, cpu_host=cpu_host, extra=extra_env)
-    logger = []
-    if metrics_path:
-        env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
-        logger = ["trainer.logger=[console,file]"]
+    return cfg, extra_env, cpu_host
+
+
+def _verl_command(config_name: str, overrides: list[str], cfg, ray_tmp: str, env: dict, logger: list[str]):
+    """The ``main_ppo`` command line: our config, the user's overrides, then the launcher's own."""
     added = {k: v for k, v in env.items() if os.environ.get(k) != v}
     config_dir, name, extra = config_location(config_name)
-    cmd = [
+    return [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
@@ -148,12 +177,17 @@ def run_verl(
         f"hydra.run.dir={ray_tmp}/hydra",  # not ./outputs/<date> in the caller's working directory
         *logger,
     ]
-    total = int(cfg.trainer.total_training_steps or 0)
-    progress = _Progress(total)
-    log = open(log_path, "w") if log_path else None
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+
+
+def _start_reader(proc, log, progress: _Progress) -> tuple[threading.Thread, list[str]]:
+    """A thread copying the run's output to ``log`` and progress lines to stdout; also returns the list it
+    fills with the first error tba-ext raised inside Ray."""
+    causes: list[str] = []  # the first error tba-ext raised inside Ray; verl's own final error hides it
+
+    def remember_cause(line: str) -> None:
+        match = _TBA_ERROR.search(line)
+        if match and not causes:
+            causes.append(match.group(0).strip())
 
     def pump():  # Ray's daemons inherit the pipe, so reading runs in its own thread and never blocks exit
         for line in proc.stdout:
@@ -169,41 +203,40 @@ def run_verl(
                 sys.stdout.write(shown)
                 sys.stdout.flush()
 
-    causes: list[str] = []  # the first error tba-ext raised inside Ray; verl's own final error hides it
-
-    def remember_cause(line: str) -> None:
-        match = _TBA_ERROR.search(line)
-        if match and not causes:
-            causes.append(match.group(0).strip())
-
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    stalled = None
-    try:
-        while True:
-            try:
-                rc = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                stalled = progress.stalled(stall_timeout, startup_timeout) if stall_timeout else None
-                if stalled:
-                    terminate(proc)
-                    rc = proc.returncode if proc.returncode is not None else -9
-                    break
-    except (KeyboardInterrupt, _Terminated):
+    return reader, causes
+
+
+def _wait_or_stop_stalled(
+    proc, progress: _Progress, stall_timeout: float | None, startup_timeout: float
+) -> tuple[int, str | None]:
+    """Wait for the run to exit, or stop it once the watchdog finds it stalled: its exit code and why it was
+    stopped (None when it exited by itself)."""
+    while True:
+        try:
+            return proc.wait(timeout=0.5), None
+        except subprocess.TimeoutExpired:
+            stalled = progress.stalled(stall_timeout, startup_timeout) if stall_timeout else None
+            if stalled:
+                terminate(proc)
+                return (proc.returncode if proc.returncode is not None else -9), stalled
+
+
+def _end_run(proc, reader: threading.Thread, log, ray_tmp: str) -> None:
+    """Stop what is left of the run and remove its temp dir."""
+    # the run is over: Ray's daemons and workers go with it, even when verl's shutdown hangs or the
+    # driver was killed
+    if session_pids(proc.pid):
         terminate(proc)
-        raise KeyboardInterrupt from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        # the run is over: Ray's daemons and workers go with it, even when verl's shutdown hangs or the
-        # driver was killed
-        if session_pids(proc.pid):
-            terminate(proc)
-        reader.join(timeout=10)
-        if log:
-            log.close()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    reader.join(timeout=10)
+    if log:
+        log.close()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _raise_if_failed(rc: int, stalled: str | None, check: bool, causes: list[str], log_path: str | None) -> None:
+    """A stalled run, or with ``check`` a non-zero exit, raises RuntimeError naming the first tba-ext error."""
     if stalled:
         cause = f"; first error seen: {causes[0]}" if causes else ""
         where = f"; full log: {log_path}" if log_path else ""
@@ -211,7 +244,6 @@ def run_verl(
     if check and rc != 0:
         cause = f": {causes[0]}" if causes else ""
         raise RuntimeError(f"verl exited with code {rc}{cause}" + (f"; full log: {log_path}" if log_path else ""))
-    return rc
 
 
 _TBA_ERROR = re.compile(r"tba_ext\.[\w.]+Error: .*")
