@@ -12,7 +12,7 @@ from tba_ext.core import tb
 def test_core_modules_import_no_verl():
     code = (
         "import sys, tba_ext.core.tb, tba_ext.core.replay, tba_ext.core.settings, tba_ext.core.steps, "
-        "tba_ext.core.wire; "
+        "tba_ext.core.wire, tba_ext.core.ledger; "
         "print(sorted(m for m in sys.modules if m == 'verl' or m.startswith('verl.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -126,6 +126,12 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
     assert all(d["replay/ingest_s"] > 0 for d in data if d["replay/ingested"] > 0)
     # the restarted searcher serves stamped weights: every trajectory it produced carries a version
     assert data[-1].get("replay/rejected_unknown_version", 0) == 0
+    # the trajectory ledger balances at every step through the searcher's death, and accounts for each step's
+    # rows (two local updates of half a batch; verl reduces the k samples' metrics, so the uses grow by the same
+    # step's worth from step to step)
+    assert all(d["ledger/unbalanced"] == 0.0 and d["ledger/unaccounted"] == 0 for d in data)
+    uses = [d["ledger/uses"] for d in data]
+    assert len({b - a for a, b in zip(uses, uses[1:])}) == 1 and uses[1] > uses[0]
     weights = [e for e in map(json.loads, trace.read_text().splitlines()) if e["event"] == "weights"]
     # one weight version per trainer step (each step = k local updates), in order within each searcher process
     # (a version received during a batch may be replaced by a newer one before it is applied); the restarted

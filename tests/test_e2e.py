@@ -156,6 +156,12 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
     # the sampler's draws, so that is checked where it is certain: tba_sync with ref_cache_check, below.)
     cached = {r["step"]: r["data"]["tba/ref_cached_frac"] for r in both}
     assert cached[1] == cached[3] == cached[5] == 0.0
+    # the trajectory ledger balances at every step, and its books carry across both crashes: every step serves
+    # the same number of rows, so the uses recorded are exactly step x that (none lost with a resume, none twice)
+    assert all(r["data"]["ledger/unbalanced"] == 0.0 for r in both)
+    assert all(r["data"]["ledger/stored"] == r["data"]["replay/store_trajectories"] for r in both)
+    per_step = {r["step"]: r["data"]["ledger/uses"] for r in both}
+    assert per_step == {step: step * per_step[1] for step in range(1, 7)}
 
 
 BAD_REWARDS = {

@@ -181,11 +181,10 @@ def test_k_draws_without_replacement_unless_too_few():
 def test_one_ingest_gives_the_same_store_and_draws_whatever_order_its_rows_came_in():
     # a prompt with fewer distinct responses than K (one of them a duplicate, as searchers produce): which one
     # the draw repeats follows the store's order, and that order must not come from the rows' finishing times
-    rows = [(Trajectory(f"p{p}", [p, j % 3], float(j % 2), 5), {"p": p}) for p in range(3) for j in range(4)]
-    rows += [(Trajectory("p0", [0, 1], 1.0, 5), {"p": 0})]
+    rows = [(f"p{p}", [p, j % 3], float(j % 2)) for p in range(3) for j in range(4)] + [("p0", [0, 1], 1.0)]
     draws = set()
     for perm_seed in range(6):
-        shuffled = list(rows)
+        shuffled = [(Trajectory(key, response, reward, 5), {"p": key}) for key, response, reward in rows]
         random.Random(perm_seed).shuffle(shuffled)
         store = TrajectoryStore(100, 10_000)
         assert store.admit_batch(shuffled) == len(rows)

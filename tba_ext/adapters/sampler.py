@@ -28,6 +28,7 @@ generation, and stops the run after ``wait_timeout_s``. Validation batches bypas
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import uuid
 from collections import defaultdict
@@ -41,6 +42,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tba_ext.adapters.rows import as_numpy, build_row, load_prompt, pop_searcher_reference, split_row
+from tba_ext.core.ledger import unbalanced
 from tba_ext.core.replay import (
     ReferenceLogProbs,
     ReplaySampler,
@@ -52,6 +54,8 @@ from tba_ext.core.replay import (
 )
 from tba_ext.core.settings import SAMPLER_KWARGS, parse_replay_settings
 from tba_ext.core.steps import trainer_version
+
+logger = logging.getLogger(__name__)
 
 
 def row_dicts(td) -> list[dict]:
@@ -109,6 +113,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.initial_buffer_filled = False
         self.request_prompts = None  # the decoupled trainer's "generate n more prompts", for the initial buffer
         self.served: dict = {}  # the last training sample: key -> (trajectory, response mask), for the reference
+        self._ledger_problem = None  # the last imbalance logged
 
     # -- ingestion -------------------------------------------------------------------------------------
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
@@ -126,9 +131,11 @@ class TBAReplaySampler(ReplayBufferAsync):
         arrived = []
         for key, tag, row in zip(keys, tags, rows):
             sizes[key.split("_")[0]] += 1
+            ledger_id = self.store.ledger.new_id()  # read from the searchers: from here on it is accounted for
             version = tag.get("min_global_steps")
             if version is None:  # a searcher that served it had no weight version: staleness unknowable
                 self.unknown_version += 1
+                self.store.ledger.dropped(ledger_id, "unknown_version")
                 continue
             version *= self.updates_per_version
             searcher_reference = pop_searcher_reference(row)
@@ -136,6 +143,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             prompt_key = prompt_identity(row)
             prompts.add(prompt_key)
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras)
+            traj.ledger_id = ledger_id
             if searcher_reference is not None:  # the searchers' reference is the initial one: version 0
                 traj.reference = ReferenceLogProbs(searcher_reference, as_numpy(row["response_mask"]), version=0)
             arrived.append((traj, prompt_fields))
@@ -206,7 +214,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             need = 1
             time.sleep(self.poll_interval)
         serve_start = time.perf_counter()
-        keys, tags = self._serve(report, partition_id)
+        keys, tags = self._serve(report, partition_id, update=current_version + 1)
         metrics.update(self._metrics(report, current_version, ingest))
         metrics["replay/short_of_prompts"] = float(short_of_prompts)
         metrics.update(self._timing_metrics(start, serve_start, ingest_s, draw_s))
@@ -236,9 +244,10 @@ class TBAReplaySampler(ReplayBufferAsync):
             f"Raise {SAMPLER_KWARGS}wait_timeout_s to wait longer"
         )
 
-    def _serve(self, report, partition_id: str) -> tuple[list[str], list[dict]]:
+    def _serve(self, report, partition_id: str, update: int) -> tuple[list[str], list[dict]]:
         """Write the drawn groups back to TransferQueue under fresh keys, one new uid per group, and remember
-        each served row for the reference pass; the keys and tags written."""
+        each served row for the reference pass; the ledger records them as used by optimizer update ``update``
+        (the first of the step's when a step makes several). The keys and tags written."""
         keys, tags, rows = [], [], []
         self.served = {}
         for group in report.groups:
@@ -250,6 +259,7 @@ class TBAReplaySampler(ReplayBufferAsync):
                 tags.append(tag)
                 rows.append(row)
                 self.served[keys[-1]] = (traj, row["response_mask"])
+            self.store.ledger.trained([traj.ledger_id for traj in group.trajectories], update)
         tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=list_of_dict_to_tensordict(rows), tags=tags)
         return keys, tags
 
@@ -356,10 +366,21 @@ class TBAReplaySampler(ReplayBufferAsync):
             metrics[f"{label}/staleness_min"] = summary["staleness_min"]
             metrics[f"{label}/staleness_max"] = summary["staleness_max"]
             metrics[f"{label}/distinct_prompt_frac_min"] = metrics["replay/distinct_prompt_frac"]
+        metrics.update(self._ledger_metrics())
         if self.restored_trajectories is not None:
             metrics["replay/restored_trajectories"] = self.restored_trajectories
             self.restored_trajectories = None
         return metrics
+
+    def _ledger_metrics(self) -> dict:
+        """The trajectory ledger's books (``ledger/*``); an imbalance, which no code path should make, is logged
+        as an error and shown as ``ledger/unbalanced`` = 1."""
+        counts = self.store.ledger.counts()
+        problem = unbalanced(counts, len(self.store))
+        if problem and problem != self._ledger_problem:
+            logger.error("tba-ext: the trajectory ledger does not balance: %s", problem)
+        self._ledger_problem = problem
+        return {f"ledger/{name}": value for name, value in counts.items()} | {"ledger/unbalanced": float(bool(problem))}
 
     # -- persistence (called by the tba_* trainer modes next to verl's checkpoint) ----------------------
     def save_store(self, path: str) -> None:

@@ -45,10 +45,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from tba_ext.core.ledger import TrajectoryLedger
 from tba_ext.core.settings import ReplaySettings
 
-FORMAT_VERSION = 3  # 3: reference log-probs and the reference version; 2 (without them) still loads
-READABLE_FORMATS = (2, 3)
+# 4: the trajectory ledger and each trajectory's ledger id; 3: reference log-probs and the reference version.
+# 2 and 3 still load: their trajectories get new ledger ids, stored
+FORMAT_VERSION = 4
+READABLE_FORMATS = (2, 3, 4)
 FILE_FORMAT = "tba-ext-replay"
 # Python object overhead the store pays per trajectory on top of its bytes (object, hash, index entries),
 # measured by benchmarks/replay.py; used only for the byte capacity.
@@ -104,6 +107,7 @@ class Trajectory:
         "draws",
         "digest",
         "reference",
+        "ledger_id",
     )
 
     def __init__(
@@ -128,6 +132,7 @@ class Trajectory:
         self.draws = draws  # times sampled for training
         self.digest = hashlib.blake2b(tokens, digest_size=16).digest()
         self.reference: ReferenceLogProbs | None = None
+        self.ledger_id = -1  # its id in the store's ledger (given when read from the searchers, else at admission)
 
     @property
     def response(self) -> np.ndarray:
@@ -229,14 +234,18 @@ class TrajectoryStore:
         # advanced by the caller whenever the reference policy changes: stored reference log-probs of an older
         # version are stale and get recomputed
         self.reference_version = 0
+        self.ledger = TrajectoryLedger()  # where every trajectory that reached the store went
 
     # -- admit ---------------------------------------------------------------------------------------------
     def admit(self, traj: Trajectory, prompt_payload: Any = None) -> bool:
         """Insert one trajectory (``prompt_payload`` is kept once per prompt); False if its reward is not
         finite."""
         self.stats.seen += 1
+        if traj.ledger_id < 0:
+            traj.ledger_id = self.ledger.new_id()
         if not math.isfinite(traj.reward):
             self.stats.rejected_nonfinite += 1
+            self.ledger.dropped(traj.ledger_id, "nonfinite_reward")
             return False
         entry = self._prompts.get(traj.prompt_key)
         if entry is None:
@@ -246,7 +255,7 @@ class TrajectoryStore:
         old = entry.by_digest.get(traj.digest)
         if old is not None:  # same tokens seen before: the newest copy wins
             self.stats.dedup_hits += 1
-            self._remove(entry, old)
+            self._remove(entry, old, "duplicate")
             self._prompts[traj.prompt_key] = entry  # it may have been its prompt's last trajectory
         self._order += 1
         traj.order = self._order
@@ -262,6 +271,7 @@ class TrajectoryStore:
             bisect.insort(self._versions, traj.version)
         counts[traj.prompt_key] = counts.get(traj.prompt_key, 0) + 1
         self.stats.added += 1
+        self.ledger.stored(traj.ledger_id)
         for listener in self.fresh_listeners:
             listener(traj.prompt_key)
         self._evict_over_capacity([entry])
@@ -331,18 +341,20 @@ class TrajectoryStore:
         return self._reward_sum / self._size if self._size else 0.0
 
     # -- evict ---------------------------------------------------------------------------------------------
-    def evict(self, traj: Trajectory) -> None:
-        """Remove one trajectory (no-op if it already left)."""
+    def evict(self, traj: Trajectory, rule: str) -> bool:
+        """Remove one trajectory under ``rule`` (one of ``ledger.EVICTION_RULES``); False if it already left."""
         entry = self._prompts.get(traj.prompt_key)
-        if entry is not None and entry.by_digest.get(traj.digest) is traj:
-            self._remove(entry, traj)
-            self.stats.evicted += 1
+        if entry is None or entry.by_digest.get(traj.digest) is not traj:
+            return False
+        self._remove(entry, traj, rule)
+        self.stats.evicted += 1
+        return True
 
     def evict_older_than(self, version: int) -> int:
         """Remove every trajectory with ``version`` below the given one; returns how many left."""
         removed = 0
         while self._versions and self._versions[0] < version:
-            self._evict_oldest()
+            self._evict_oldest("staleness")
             removed += 1
         return removed
 
@@ -363,19 +375,19 @@ class TrajectoryStore:
         """The per-prompt cap on ``entries``, then the global caps: the oldest trajectory leaves first."""
         for entry in entries:
             while len(entry.items) > self.per_prompt_capacity:
-                self.evict(entry.items[0])
+                self.evict(entry.items[0], "per_prompt_capacity")
         while self._size > self.capacity or (self.capacity_bytes is not None and self._bytes > self.capacity_bytes):
-            self._evict_oldest()
+            self._evict_oldest("capacity" if self._size > self.capacity else "capacity_bytes")
 
-    def _evict_oldest(self) -> None:
+    def _evict_oldest(self, rule: str) -> None:
         """The oldest version's first prompt (in admission order) loses its oldest trajectory, which is of that
         version: each prompt's items are sorted by version."""
         prompt_key = next(iter(self._version_prompts[self._versions[0]]))
         entry = self._prompts[prompt_key]
-        self._remove(entry, entry.items[0])
+        self._remove(entry, entry.items[0], rule)
         self.stats.evicted += 1
 
-    def _remove(self, entry: PromptEntry, traj: Trajectory) -> None:
+    def _remove(self, entry: PromptEntry, traj: Trajectory, rule: str) -> None:
         i = bisect.bisect_left(entry.items, _age(traj), key=_age)
         del entry.items[i]
         del entry.by_digest[traj.digest]
@@ -392,6 +404,10 @@ class TrajectoryStore:
                 del self._versions[bisect.bisect_left(self._versions, traj.version)]
         if not entry.items:
             del self._prompts[traj.prompt_key]
+        self.ledger.evicted(traj.ledger_id, rule)
+
+    def stored_ledger_ids(self) -> list[int]:
+        return [t.ledger_id for entry in self._prompts.values() for t in entry.items]
 
     # -- persistence ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -417,6 +433,8 @@ class TrajectoryStore:
                 else (t.reference.half, t.reference.total, t.reference.last, t.reference.version)
                 for t in trajectories
             ],
+            "ledger_ids": [t.ledger_id for t in trajectories],
+            "ledger": self.ledger.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -428,11 +446,18 @@ class TrajectoryStore:
         self._prompts = {key: PromptEntry(payload=payload) for key, payload in state["prompts"]}
         counts: dict = {}
         references = state.get("references") or [None] * len(state["trajectories"])
-        for (prompt_key, response, reward, version, logprobs, extras, order, draws), ref in zip(
-            state["trajectories"], references
+        if "ledger" in state:
+            self.ledger.load_state_dict(state["ledger"])
+        ledger_ids = state.get("ledger_ids") or [None] * len(state["trajectories"])
+        for (prompt_key, response, reward, version, logprobs, extras, order, draws), ref, ledger_id in zip(
+            state["trajectories"], references, ledger_ids
         ):
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras, draws=draws)
             traj.order = order
+            if ledger_id is None:  # a store of format 2 or 3: its trajectories enter the books as stored now
+                ledger_id = self.ledger.new_id()
+                self.ledger.stored(ledger_id)
+            traj.ledger_id = ledger_id
             if ref is not None:
                 traj.reference = ReferenceLogProbs.__new__(ReferenceLogProbs)
                 traj.reference.half, traj.reference.total, traj.reference.last, traj.reference.version = ref
@@ -656,8 +681,8 @@ class ReplaySampler:
         for group in groups:
             for traj in group.trajectories:
                 traj.draws += 1
-                if cap is not None and traj.draws >= cap:
-                    self.store.evict(traj)
+                # a trajectory drawn twice in one batch (K from a smaller pool) leaves once
+                if cap is not None and traj.draws >= cap and self.store.evict(traj, "max_replays"):
                     self.store.stats.evicted_replayed += 1
 
     def state_dict(self) -> dict:
