@@ -23,6 +23,7 @@ import io
 import json
 import os
 import re
+import statistics
 import sys
 import tokenize
 from pathlib import Path
@@ -149,6 +150,7 @@ def plots_of(stem: str) -> str:
         "trainer_passes_searcher_ref": stages,
         "quickstart_spread": spread_plot,
         "quickstart_spread_tb": spread_plot,
+        "soak": "Global step (top) and the run's memory (bottom) against wall-clock, each fault marked.",
     }
     if stem == "compare":
         return figure("compare/accuracy_vs_updates.png", COMPARE_CAPTION) + figure(
@@ -369,6 +371,47 @@ def trainer_passes_gpu(doc: dict) -> str:
 
 
 # file name (without .json) -> (title, what made it, renderer)
+def soak(doc: dict) -> str:
+    """The soak's figures: faults, steps, the ledger's books, memory."""
+    books = doc["ledger_final"]
+    evicted = ", ".join(f"{k.split('/')[1]} {v}" for k, v in books.items() if k.startswith("evicted/") and v)
+    dropped = ", ".join(f"{k.split('/')[1]} {v}" for k, v in books.items() if k.startswith("dropped/") and v)
+    kinds: dict[str, int] = {}
+    for fault in doc["faults"]:
+        kinds[fault["kind"]] = kinds.get(fault["kind"], 0) + 1
+    lost_s = [f["wall_s_to_next_new_step"] for f in doc["faults"] if f.get("wall_s_to_next_new_step") is not None]
+    memory = doc.get("memory") or {}
+    rss = memory.get("session_rss_mb", {})
+    rows = [
+        "| figure | value |",
+        "|---|---|",
+        f"| updates completed / planned | {doc['updates_completed']} / {doc['planned_updates']} |",
+        f"| faults survived | {doc['faults_survived']} of {len(doc['faults'])}: "
+        + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))
+        + " |",
+        f"| duplicate / skipped optimizer steps | {doc['duplicate_steps']} / {doc['skipped_steps']} |",
+        f"| steps redone after crashes (from the last checkpoint) | {doc['steps_redone_after_crashes']} |",
+        f"| trajectories read / stored at the end / trained on | {books.get('ids')} / {books.get('stored')} / "
+        f"{books.get('trained_ids')} ({books.get('uses')} uses) |",
+        f"| evicted (rule) / dropped (reason) | {evicted or 'none'} / {dropped or 'none'} |",
+        f"| unaccounted; books balanced at every step | {books.get('unaccounted')}; "
+        f"{'yes' if doc['ledger_balanced_every_step'] else 'no'} |",
+        f"| lost to crashes (read after the checkpoint resumed from) | {doc['trajectories_lost_to_crashes']} |",
+        f"| store size, max (trajectories, MB) | {doc['store_trajectories_max']}, {doc['store_mb_max']:.2f} |",
+    ]
+    if rss:
+        rows.append(
+            f"| run's RSS, median first / last third, max (MB) | {rss['first_third_median']:.0f} / "
+            f"{rss['last_third_median']:.0f}, {rss['max']:.0f} |"
+        )
+    if lost_s:
+        rows.append(
+            f"| wall time to the next new step after a fault, median (min-max) s | {statistics.median(lost_s):.0f} "
+            f"({min(lost_s):.0f}-{max(lost_s):.0f}) |"
+        )
+    return "\n".join(rows) + f"\n\nBound on loss: {doc['loss_bound']}.\n"
+
+
 RENDERERS = {
     "trainer_passes_trainer_ref": (
         "Trainer cost per update with the trainer's reference forward (a vLLM searcher's case): tb, tb_pg, Dr. GRPO",
@@ -405,6 +448,7 @@ RENDERERS = {
     "e2e_margins": ("How close the e2e checks come to their bounds", "benchmarks/e2e_margins.py", e2e_margins),
     "cpu_overlap": ("What two cores give", "benchmarks/cpu_overlap.py", cpu_overlap),
     "gpu_smoke": ("One fused TB and TBA′ update on a GPU", "benchmarks/gpu_smoke.py", gpu_smoke),
+    "soak": ("Soak: a decoupled run through faults", "benchmarks/soak.py", soak),
     "trainer_passes_gpu": (
         "Fused update against the three-call path on a GPU",
         "benchmarks/trainer_passes_gpu.py",
@@ -454,7 +498,14 @@ def blocks() -> dict[str, str]:
         "configs": configs_table,
         "cli": cli_reference,
         "compare": lambda: compare_table(load_results()["compare.json"]),
+        "soak": lambda: soak_block(load_results().get("soak.json")),
     }
+
+
+def soak_block(doc: dict | None) -> str:
+    if doc is None:
+        return "(no soak results yet: `python benchmarks/soak.py`)\n"
+    return f"`benchmarks/results/soak.json` ({provenance_line(doc)}):\n\n" + soak(doc) + plots_of("soak")
 
 
 def rendered() -> dict[Path, str]:

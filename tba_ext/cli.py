@@ -98,6 +98,32 @@ def cmd_configs(args) -> int:
     return 0
 
 
+def cmd_ledger(args) -> int:
+    """The trajectory ledger of a saved replay store: its books, and where one trajectory went."""
+    from tba_ext.core.ledger import TrajectoryLedger, unbalanced
+    from tba_ext.core.replay import load_checked
+
+    store = load_checked(args.path)["sampler"]["store"]
+    if "ledger" not in store:
+        raise ValueError(f"{args.path}: a replay store of format {store.get('format_version')}, saved without a ledger")
+    ledger = TrajectoryLedger()
+    ledger.load_state_dict(store["ledger"])
+    counts = ledger.counts()
+    for name, value in counts.items():
+        if value or name in ("ids", "stored", "unaccounted", "uses"):
+            print(f"{name:34s} {value}")
+    problem = unbalanced(counts, len(store["trajectories"]))
+    print(f"balanced: {'yes' if problem is None else 'NO: ' + problem}")
+    for trajectory_id in args.id or []:
+        if not 0 <= trajectory_id < len(ledger):
+            raise ValueError(f"--id {trajectory_id}: the ledger holds ids 0..{len(ledger) - 1}")
+        print(
+            f"trajectory {trajectory_id}: {ledger.place(trajectory_id)}; "
+            f"trained at updates {ledger.updates_of(trajectory_id)}"
+        )
+    return 0 if problem is None else 1
+
+
 def demo_import(name: str):
     """A module of the CPU demo, whose plotting and statistics packages are the ``demo`` extra."""
     import importlib
@@ -234,6 +260,15 @@ def add_configs(sub) -> None:
     p.set_defaults(fn=cmd_configs)
 
 
+def add_ledger(sub) -> None:
+    p = sub.add_parser(
+        "ledger", help="where the trajectories of a saved replay store went: stored, evicted (rule), dropped (reason)"
+    )
+    p.add_argument("path", help="a checkpoint's replay store: <trainer.default_local_dir>/global_step_N/tba_replay.pt")
+    p.add_argument("--id", type=int, nargs="+", help="also where these trajectory ids went and which updates used them")
+    p.set_defaults(fn=cmd_ledger)
+
+
 def add_quickstart(sub) -> None:
     p = sub.add_parser("quickstart", help="CPU quickstart: model, data, warm start, TBA training, report")
     p.add_argument("--run-dir", default="tba_quickstart")
@@ -283,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate(sub)
     add_train(sub)
     add_configs(sub)
+    add_ledger(sub)
     add_quickstart(sub)
     add_compare(sub)
     return parser

@@ -138,3 +138,23 @@ def test_a_ledger_of_other_places_is_refused():
     state["places"] = ["unaccounted", "stored", "evicted/somewhere"]
     with pytest.raises(LedgerError, match="not this version's"):
         TrajectoryLedger().load_state_dict(state)
+
+
+def test_the_ledger_command_reads_a_saved_store_and_says_whether_it_balances(tmp_path, capsys):
+    from tba_ext.cli import main
+    from tba_ext.core.replay import save_atomic
+
+    store, sampler = small_store()
+    served = churn(store, sampler, updates=12)
+    path = tmp_path / "tba_replay.pt"
+    save_atomic({"sampler": sampler.state_dict(), "largest_group": 2, "updates_per_version": 1}, str(path))
+    some = next(iter(served))
+    assert main(["ledger", str(path), "--id", str(some)]) == 0
+    out = capsys.readouterr().out
+    assert "balanced: yes" in out and f"trained at updates {served[some]}" in out
+    assert out.splitlines()[0].split() == ["ids", str(store.ledger.counts()["ids"])]
+    state = sampler.state_dict()
+    state["store"]["trajectories"] = state["store"]["trajectories"][1:]  # one trajectory gone without a record
+    save_atomic({"sampler": state, "largest_group": 2, "updates_per_version": 1}, str(path))
+    assert main(["ledger", str(path)]) == 1
+    assert "balanced: NO: the ledger calls" in capsys.readouterr().out

@@ -325,7 +325,14 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         if hasattr(self.replay_buffer, "load_store"):
             path = os.path.join(folder, REPLAY_FILE)
             if os.path.exists(path):
-                self.replay_buffer.load_store(path)
+                try:
+                    self.replay_buffer.load_store(path)
+                except ValueError as exc:  # refused whole: nothing of it was loaded
+                    raise ValueError(
+                        f"{exc}. To go on: resume from an earlier checkpoint (trainer.resume_mode=resume_path "
+                        "trainer.resume_from_path=<an earlier global_step_N>), or move the file away to resume this "
+                        "checkpoint with an empty replay store"
+                    ) from exc
             else:
                 logger.warning("tba: no replay store at %s; resuming with an empty store", path)
         self._restore_reference(folder)
