@@ -48,6 +48,10 @@ def test_compare_short_runs_every_method_from_one_start_and_summarises(tmp_path)
     assert {r["method"] for r in runs} == set(METHODS)
     assert len({(r["accuracy_before"], r["sampled_before"]) for r in runs}) == 1  # identical start for all
     assert all(r["mean_staleness"] is not None and r["mean_staleness"] > 0 for r in runs)
+    for r in runs:  # pass@k of the 16 samples per prompt: rises with k, and pass@1 is the sampled accuracy
+        d = r["diversity_after"]
+        assert d["pass@1"] <= d["pass@2"] <= d["pass@4"] <= d["pass@8"]
+        assert d["pass@1"] == pytest.approx(r["sampled_after"])
     for r in runs:
         summary = saved["summary"][r["method"]]["1"]
         assert summary["n_seeds"] == 1

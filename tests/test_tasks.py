@@ -293,3 +293,27 @@ def test_prepare_math_writes_every_problem_and_reads_the_test_split_from_a_math5
     with pytest.raises(ValueError, match="--test-source: task arith is generated"):
         write_task("arith", str(tmp_path / "arith"), test_source=str(math500))
     assert write_task("arith", str(tmp_path / "arith"))["train"]["rows"] == 2000  # generated: the default size
+
+
+def test_pass_at_k_is_the_chance_a_k_subset_holds_a_right_sample():
+    from itertools import combinations
+
+    from tba_ext.tools.evaluate import pass_at_k
+
+    for n, c, k in [(8, 0, 1), (8, 3, 1), (8, 3, 2), (8, 3, 4), (8, 8, 8), (16, 1, 8)]:
+        outcomes = [1] * c + [0] * (n - c)
+        subsets = list(combinations(outcomes, k))  # every k of the n, drawn without replacement
+        assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    with pytest.raises(ValueError, match="pass@8 needs at least 8 samples"):
+        pass_at_k(4, 1, 8)
+
+
+def test_diversity_counts_pass_at_k_and_distinct_right_answers_per_prompt():
+    from tba_ext.tools.evaluate import diversity
+
+    texts = ["12", " 12", "13", "12 ", "7", "8", "9", "10"]  # two prompts of 4 samples
+    rewards = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    out = diversity(texts, rewards, samples=4)
+    assert out["pass@1"] == pytest.approx((3 / 4 + 0) / 2) and out["pass@4"] == pytest.approx(0.5)
+    assert "pass@8" not in out
+    assert out["distinct_correct_per_prompt"] == pytest.approx((1 + 0) / 2)  # "12" in three spellings is one answer

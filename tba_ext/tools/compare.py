@@ -71,6 +71,7 @@ def summarise(results: list[dict]) -> dict:
                 "sampled_gain_sd": s_sd,
                 "sampled_gain_ci95": s_half,
                 "accuracy_after_mean": float(np.mean([r["accuracy_after"] for r in rows])),
+                **_diversity_means(rows),
                 "wall_s_mean": float(np.mean([r["wall_s"] for r in rows])),
             }
     for by_s in summary.values():  # issue 14's goal: how much of its on-policy gain a method keeps off-policy
@@ -80,6 +81,14 @@ def summarise(results: list[dict]) -> dict:
                 base = on_policy[f"{key}_mean"] if on_policy else 0.0
                 cell[f"{key}_kept"] = cell[f"{key}_mean"] / base if base > 0 else None
     return summary
+
+
+def _diversity_means(rows: list[dict]) -> dict:
+    """Mean over seeds of each diversity figure after training (``<figure>_after_mean``), where every run has it."""
+    after = [r.get("diversity_after") for r in rows]
+    if not after or any(d is None for d in after):
+        return {}
+    return {f"{key}_after_mean": float(np.mean([d[key] for d in after])) for key in after[0]}
 
 
 def paired_differences(results: list[dict], baseline: str = "drgrpo") -> dict:
@@ -250,6 +259,9 @@ def train_one(
         "accuracy_after": after["accuracy"],
         "sampled_before": before["sampled_accuracy"],
         "sampled_after": after["sampled_accuracy"],
+        # pass@k and distinct right answers per prompt of the sampled responses, before and after
+        "diversity_before": before.get("diversity"),
+        "diversity_after": after.get("diversity"),
         "train_reward_last": report.series(records, "critic/score/mean")[1][-1],
         "grad_norm_median": float(np.median(report.series(records, "actor/grad_norm")[1])),
         "mean_staleness": _mean(report.series(records, "training/off_policy/trajectory_staleness/mean")[1]),
@@ -303,6 +315,9 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
             "95% interval": f"[{v['gain_mean'] - v['gain_ci95']:+.3f}, {v['gain_mean'] + v['gain_ci95']:+.3f}]",
             "sampled gain (mean +- sd)": f"{v['sampled_gain_mean']:+.3f} +- {v['sampled_gain_sd']:.3f}",
             "s = 0 gain kept (greedy, sampled)": f"{_share(v['gain_kept'])}, {_share(v['sampled_gain_kept'])}",
+            "pass@1 / pass@8 after": f"{v['pass@1_after_mean']:.3f} / {v['pass@8_after_mean']:.3f}"
+            if "pass@8_after_mean" in v
+            else "-",
             "wall s": f"{v['wall_s_mean']:.0f}",
         }
         for m, by_s in sorted(summary.items(), key=lambda kv: _method_order(kv[0]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable
 
 import pandas as pd
@@ -75,6 +76,28 @@ def generate(
     return texts
 
 
+PASS_AT = (1, 2, 4, 8)
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """The unbiased pass@k of one prompt from ``n`` samples of which ``correct`` are right (Chen et al. 2021, eq. 1):
+    1 - C(n - c, k) / C(n, k), the chance that k of the n drawn without replacement hold a right one."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per prompt, got {n}")
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+def diversity(texts: list[str], rewards: list[float], samples: int) -> dict:
+    """Per prompt (``samples`` consecutive entries each): pass@k for the k in PASS_AT up to ``samples`` (a reward
+    of 1 counts as right), and the number of distinct right responses (whitespace-stripped), averaged over
+    prompts."""
+    prompts = range(0, len(texts), samples)
+    right = [[t.strip() for t, r in zip(texts[i : i + samples], rewards[i : i + samples]) if r >= 1.0] for i in prompts]
+    out = {f"pass@{k}": sum(pass_at_k(samples, len(r), k) for r in right) / len(right) for k in PASS_AT if k <= samples}
+    out["distinct_correct_per_prompt"] = sum(len(set(r)) for r in right) / len(right)
+    return out
+
+
 def greedy_accuracy(
     model_dir: str,
     parquet_path: str,
@@ -87,7 +110,8 @@ def greedy_accuracy(
 ) -> dict:
     """Greedy pass@1 over the split (mean reward of ``score_fn``, the built-in tasks' by default); with
     ``samples`` > 0 also ``sampled_accuracy``, the mean reward of that many temperature-1 samples per prompt (the
-    expected reward RL optimises: far less coarse than greedy on a few distinct prompts)."""
+    expected reward RL optimises: far less coarse than greedy on a few distinct prompts), and their ``diversity``
+    (pass@k, distinct right answers per prompt)."""
     frame = read_split(parquet_path, limit)
     rows = [row for _, row in frame.iterrows()]
 
@@ -101,10 +125,10 @@ def greedy_accuracy(
     result = {"accuracy": sum(greedy) / len(greedy), "n": len(greedy)}
     if samples:
         chats = [c for c in frame["prompt"] for _ in range(samples)]
-        sampled = score(
-            generate(model_dir, chats, max_new_tokens, batch_size * samples, sample=True, seed=seed), samples
-        )
+        texts = generate(model_dir, chats, max_new_tokens, batch_size * samples, sample=True, seed=seed)
+        sampled = score(texts, samples)
         result["sampled_accuracy"] = sum(sampled) / len(sampled)
+        result["diversity"] = diversity(texts, sampled, samples)
     return result
 
 
