@@ -1,4 +1,4 @@
-"""The evidence grid (issue 14): TB, TBA' and Dr. GRPO x staleness {0, 4, 10} x seeds {0, 1, 2} on the CPU recipe
+"""The evidence grid : TB, TBA′ and Dr. GRPO x staleness {0, 4, 10} x seeds {0, 1, 2} on the CPU recipe
 (tba_ext/tools/recipe.py), each run from the same warm start per seed. Hours on 2 cores.
 
     python benchmarks/compare_grid.py [--seeds 0 1 2] [--staleness 0 4 10] [--steps 60]
@@ -11,16 +11,20 @@ and the run folder's report.md with held-out accuracy vs updates and vs wall-clo
 """
 
 import argparse
+import sys
+
+from common import provenance
 
 from tba_ext.tools.compare import compare, merge
 from tba_ext.tools.recipe import METHODS
+from tba_ext.tools.report import write_json
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 10])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--run-dir", default="benchmarks/results/compare_run")
@@ -28,9 +32,16 @@ def main():
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge these compare results instead of running")
     args = parser.parse_args()
     if args.merge:
-        merge(args.merge, args.run_dir, args.out)
-        return
-    compare(
+        payload = merge(args.merge, args.run_dir, args.out)
+    else:
+        payload = grid(args)
+    payload["how"] = "benchmarks/compare_grid.py " + " ".join(sys.argv[1:])
+    payload["provenance"] = provenance()  # where and on what code the grid (or the merge) was made
+    write_json(payload, args.out)
+
+
+def grid(args) -> dict:
+    return compare(
         args.run_dir,
         seeds=args.seeds,
         staleness=args.staleness,
