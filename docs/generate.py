@@ -334,7 +334,14 @@ def quickstart_spread(doc: dict) -> str:
             f"| {r['seed']} | {r['repeat'] + 1} | {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} | "
             f"{r['sampled_before']:.3f} -> {r['sampled_after']:.3f} | {r['total_seconds']:.0f} |"
         )
-    return (
+    after = ""
+    if "accuracy_after" in doc:  # what the README's command prints, over fresh runs
+        starts = "; ".join(f"{g:.3f} greedy, {s:.3f} sampled" for g, s in doc["warm_start_accuracies"])
+        after = (
+            f"After training, median (min-max) over {doc['n_runs']} runs: greedy {spread(doc['accuracy_after'], 3)}, "
+            f"sampled {spread(doc['sampled_after'], 3)}; warm start: {starts}.\n\n"
+        )
+    return after + (
         f"Greedy gain {doc['gain_mean']:+.3f} +- {doc['gain_sd']:.3f} (mean +- sd, 95 % interval [{low:+.3f}, "
         f"{high:+.3f}]), sampled gain {doc['sampled_gain_mean']:+.3f} +- {doc['sampled_gain_sd']:.3f} ([{slow:+.3f}, "
         f"{shigh:+.3f}]); {doc['runs_improved']} of {doc['n_runs']} runs improved (greedy), "

@@ -318,6 +318,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         while True:
             self._sync_metadata_from_transfer_queue()
             reasons = self._terminal_eviction_reasons(global_steps, partition_id)
+            self._ledger_verl_evictions(partition_id, reasons)
             evicted, _, _, metrics = self._evict_terminal_groups(global_steps, partition_id, reasons)
             if evicted:
                 eviction_metrics.update(metrics)
@@ -333,6 +334,18 @@ class TBAReplaySampler(ReplayBufferAsync):
             ):
                 return sampleable, eviction_metrics
             time.sleep(self.poll_interval)
+
+    def _ledger_verl_evictions(self, partition_id: str, reasons) -> None:
+        """The finished trajectories of groups verl's buffer is about to evict (its own staleness cap, DAPO's filter,
+        failed groups) enter the ledger as dropped: the store never reads them."""
+        stale, filtered, failed, _ = reasons
+        counted: set = set()
+        for reason, uids in (("verl_stale", stale), ("verl_filter_groups", filtered), ("verl_failed_group", failed)):
+            for key in self.partitions[partition_id]:
+                uid = key.split("_")[0]
+                if uid in uids and key not in counted:  # the sets may overlap: one reason per trajectory
+                    counted.add(key)
+                    self.store.ledger.dropped(self.store.ledger.new_id(), reason)
 
     def _metrics(self, report, current_version: int, ingest: dict) -> dict:
         """Per-update metrics, O(B K): the store's figures are running totals."""

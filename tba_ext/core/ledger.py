@@ -25,6 +25,10 @@ EVICTION_RULES = (
 DROP_REASONS = (
     "nonfinite_reward",  # a NaN / inf reward (max_nonfinite_frac stops the run when too many are)
     "unknown_version",  # served by a searcher without a weight version: its staleness cannot be counted
+    # finished, but its group evicted by verl's own buffer before the store read it:
+    "verl_stale",  # older than trainer.v1.sampler.max_off_policy_threshold
+    "verl_filter_groups",  # DAPO's algorithm.filter_groups (no reward variance in the group)
+    "verl_failed_group",  # a group some of whose samples failed
 )
 PLACES = ("unaccounted", "stored", *(f"evicted/{r}" for r in EVICTION_RULES), *(f"dropped/{r}" for r in DROP_REASONS))
 _CODE = {name: code for code, name in enumerate(PLACES)}
@@ -114,10 +118,12 @@ class TrajectoryLedger:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if list(state["places"]) != list(PLACES):
-            # a ledger of another tba-ext's places: the codes would be read as other places
-            raise LedgerError(f"the saved ledger's places {state['places']} are not this version's {list(PLACES)}")
-        self._place = bytearray(state["place"])
+        unknown = [name for name in state["places"] if name not in _CODE]
+        if unknown:  # a place this tba-ext does not know: its trajectories could not be accounted for
+            raise LedgerError(f"the saved ledger has places {unknown} this tba-ext does not know ({list(PLACES)})")
+        # saved codes -> this version's (a version that added places numbers them differently)
+        table = bytes(_CODE[name] for name in state["places"]).ljust(256, b"\0")
+        self._place = bytearray(bytes(state["place"]).translate(table))
         self._trained = bytearray(state["trained"])
         self._uses = array("q")
         self._uses.frombytes(state["uses"])
