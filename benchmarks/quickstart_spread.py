@@ -87,8 +87,13 @@ def main():
         f"(seeds {sorted({r['seed'] for r in runs})}), each from a fresh run folder"
     )
     result["provenance"] = provenance()
-    if args.made_at:  # summarised from runs made earlier, on that commit
-        result["provenance"]["commit"] = args.made_at
+    if args.made_at:  # summarised from runs made earlier, on that commit: this tree's state and load say nothing
+        result["provenance"].update(
+            commit=args.made_at,
+            dirty=None,
+            load_avg_1m_at_start=None,
+            source="summarised with --from-runs from runs made earlier on that commit",
+        )
     report.ensure_dir(os.path.dirname(os.path.abspath(args.out)))
     report.write_json(result, args.out)
     print(json.dumps(result, indent=2))

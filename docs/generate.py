@@ -149,7 +149,6 @@ def plots_of(stem: str) -> str:
         "trainer_passes_trainer_ref": stages,
         "trainer_passes_searcher_ref": stages,
         "quickstart_spread": spread_plot,
-        "quickstart_spread_tb": spread_plot,
         "soak": "Global step (top) and the run's memory (bottom) against wall-clock, each fault marked.",
     }
     if stem == "compare":
@@ -445,9 +444,8 @@ RENDERERS = {
         async_speedup,
     ),
     "replay": ("Replay store speed and footprint", "benchmarks/replay.py", replay),
-    "quickstart_spread": ("Quickstart over seeds (TBA′)", "benchmarks/quickstart_spread.py", quickstart_spread),
-    "quickstart_spread_tb": (
-        "Quickstart over seeds (plain TB, the baseline)",
+    "quickstart_spread": (
+        "Quickstart: fresh runs of the README's command",
         "benchmarks/quickstart_spread.py",
         quickstart_spread,
     ),

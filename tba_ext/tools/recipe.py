@@ -30,8 +30,8 @@ class Recipe:
 
 
 FULL = Recipe(
-    method="tb_pg",  # the quickstart's objective, TBA′: over 3 seeds x 2 repeats greedy gain +0.138 +- 0.066 vs plain
-    # TB's +0.094 +- 0.051 (benchmarks/results/quickstart_spread*.json)
+    method="tb_pg",  # the quickstart's objective, TBA′: it gained more, and more evenly, than plain TB over 3 seeds
+    # x 2 repeats (benchmarks/results/archive/quickstart_spread*_before_fused_update.json)
     task="arith20",  # two-digit sums, 80 held-out operand pairs (arith has only 10: a coarse measure)
     size="small",
     train=4000,
