@@ -74,6 +74,7 @@ def parse(argv=None):
     parser.add_argument("--max-minutes", type=float, default=75.0)
     parser.add_argument("--run-dir", default="benchmarks/results/soak_run")
     parser.add_argument("--out", default="benchmarks/results/soak.json")
+    parser.add_argument("--resummarise", action="store_true", help="read --out's run (in --run-dir) again, no run")
     return parser.parse_args(argv)
 
 
@@ -274,29 +275,37 @@ def corrupt_and_fall_back(run: str, ckpt: str, segments: list, args, faults: lis
 
 def effective_history(segments: list) -> tuple[list[int], dict]:
     """The optimizer steps that make the final model, in order: each segment's steps up to the step the next
-    segment resumed from; and the steps redone after a crash."""
+    segment resumed from (a step whose metrics line died with the crash counts when that resume's checkpoint,
+    written after it, proves it ran); and the steps redone after a crash."""
     runs = [s for s in segments if not s.get("probe")]
     history, redone = [], {}
     for seg, following in zip(runs, runs[1:] + [None]):
         logged = sorted(int(k) for k in seg.get("steps_seen", {}))
         keep = following["resumed_from_step"] if following else None
-        history += [s for s in logged if keep is None or s <= keep]
+        kept = [s for s in logged if keep is None or s <= keep]
+        last = kept[-1] if kept else seg["resumed_from_step"]
+        proven = list(range(last + 1, keep + 1)) if keep is not None and seg["resumed_from_step"] <= last else []
+        history += kept + proven
         if keep is not None:
             redone[seg["index"]] = [s for s in logged if s > keep]
     return history, redone
 
 
+def final_books(ckpt: str) -> dict:
+    """The ledger's counts in the last checkpoint's replay store, exact (the step metrics average a decoupled
+    step's k samples), and whether they balance against it."""
+    from tba_ext.core.ledger import TrajectoryLedger, unbalanced
+
+    step = last_checkpoint(ckpt)
+    store = load_checked(os.path.join(step_folder(ckpt, step), REPLAY_FILE))["sampler"]["store"]
+    ledger = TrajectoryLedger()
+    ledger.load_state_dict(store["ledger"])
+    counts = ledger.counts()
+    return {"checkpoint_step": step, **counts, "unbalanced": unbalanced(counts, len(store["trajectories"]))}
+
+
 def summarise(args, steps, schedule, faults, segments, timeline, ckpt, wall) -> dict:
-    history, redone = effective_history(segments)
     runs = [s for s in segments if not s.get("probe")]
-    logged = {s["index"]: read_metrics(s["metrics"]) if os.path.exists(s["metrics"]) else [] for s in runs}
-    records = [r for s in runs for r in logged[s["index"]]]
-    final = records[-1]["data"] if records else {}
-    books = {k.removeprefix("ledger/"): v for k, v in final.items() if k.startswith("ledger/")}
-    lost = []  # per crash: read by the crashed segment, past the checkpoint the next one resumed from
-    for seg, following in zip(runs, runs[1:]):
-        read_by_crash = max((r["data"].get("ledger/ids", 0) for r in logged[seg["index"]]), default=0)
-        lost.append(max(read_by_crash - ledger_ids_at(ckpt, following["resumed_from_step"]), 0))
     seen = sorted((t, step) for s in runs for step, t in s["steps_seen"].items())
     for fault in faults:  # wall time lost: from the fault until a step past the one the run had reached
         after = [t for t, step in seen if t > fault["time"] and step > fault["at_step"]]
@@ -305,33 +314,63 @@ def summarise(args, steps, schedule, faults, segments, timeline, ckpt, wall) -> 
     for s in runs:
         times = sorted(s["steps_seen"].values())
         step_times += [b - a for a, b in zip(times, times[1:])]
-    expected = list(range(1, steps + 1))
-    result = {
+    return {
         "how": "benchmarks/soak.py: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
         "provenance": provenance(),
         "planned_updates": args.updates,
-        "updates_completed": len(history) * LOCAL_UPDATES,
         "faults_planned": [{"step": s, "kind": k} for s, k in schedule],
         "faults": faults,
-        "faults_survived": sum(1 for f in faults if "skipped" not in f) if set(history) == set(expected) else 0,
-        # steps the final model went through twice, or never, against 1..planned
-        "duplicate_steps": len(history) - len(set(history)),
-        "skipped_steps": len(set(expected) - set(history)) if len(set(history)) else steps,
-        "history_in_order": history == sorted(set(history)),
-        "steps_redone_after_crashes": sum(len(v) for v in redone.values()),
-        "ledger_final": books,
-        "ledger_balanced_every_step": all(r["data"].get("ledger/unbalanced", 1.0) == 0.0 for r in records),
-        "trajectories_lost_to_crashes": lost,
-        "loss_bound": f"trajectories read after the checkpoint a crash resumed from: at most {args.save_every} steps' "
-        "reads each (and what the searchers had finished but the trainer not yet read)",
-        "store_trajectories_max": max((r["data"].get("replay/store_trajectories", 0) for r in records), default=0),
-        "store_mb_max": max((r["data"].get("replay/store_mb", 0.0) for r in records), default=0.0),
+        **outcome(segments, faults, steps, ckpt, args.save_every),
         "memory": memory_summary(timeline),
         "step_s_median": statistics.median(step_times) if step_times else None,
         "wall_s": wall,
         "segments": [{k: v for k, v in s.items() if k != "steps_seen"} for s in segments],
         "timeline": timeline,
     }
+
+
+def outcome(segments, faults, steps: int, ckpt: str, save_every: int) -> dict:
+    """What the run's files say about it: the step history, the ledger's books, the trajectories lost."""
+    history, redone = effective_history(segments)
+    runs = [s for s in segments if not s.get("probe")]
+    logged = {s["index"]: read_metrics(s["metrics"]) if os.path.exists(s["metrics"]) else [] for s in runs}
+    records = [r for s in runs for r in logged[s["index"]]]
+    lost = []  # per crash: read by the crashed segment, past the checkpoint the next one resumed from (from its last
+    # step's ledger/ids, the mean of the step's k samples: short of the truth by up to half a step's reads)
+    for seg, following in zip(runs, runs[1:]):
+        read_by_crash = max((r["data"].get("ledger/ids", 0) for r in logged[seg["index"]]), default=0)
+        lost.append(max(read_by_crash - ledger_ids_at(ckpt, following["resumed_from_step"]), 0))
+    expected = set(range(1, steps + 1))
+    return {
+        "updates_completed": len(set(history) & expected) * LOCAL_UPDATES,
+        "faults_survived": sum(1 for f in faults if "skipped" not in f) if set(history) == expected else 0,
+        # steps the final model went through twice, or never, against 1..planned
+        "duplicate_steps": len(history) - len(set(history)),
+        "skipped_steps": len(expected - set(history)),
+        "history_in_order": history == sorted(set(history)),
+        "steps_redone_after_crashes": sum(len(v) for v in redone.values()),
+        "ledger_final": final_books(ckpt),
+        "ledger_balanced_every_step": all(r["data"].get("ledger/unbalanced", 1.0) == 0.0 for r in records),
+        "trajectories_lost_to_crashes": lost,
+        "loss_bound": f"trajectories read after the checkpoint a crash resumed from: at most {save_every} steps' "
+        f"reads ({2 * save_every} where the latest checkpoint was refused and the one before taken), and what "
+        "the searchers had finished but the trainer had not yet read",
+        "store_trajectories_max": max((r["data"].get("replay/store_trajectories", 0) for r in records), default=0),
+        "store_mb_max": max((r["data"].get("replay/store_mb", 0.0) for r in records), default=0.0),
+    }
+
+
+def resummarise(path: str, run_dir: str, save_every: int) -> dict:
+    """The run's outcome read again from its files (after a change to how it is read); timings are kept."""
+    import json as _json
+
+    result = _json.load(open(path))
+    segments = [
+        dict(s, steps_seen={r["step"]: 0.0 for r in read_metrics(s["metrics"])} if not s.get("probe") else {})
+        for s in result["segments"]
+    ]
+    steps = result["planned_updates"] // LOCAL_UPDATES
+    result.update(outcome(segments, result["faults"], steps, os.path.join(run_dir, "ckpt"), save_every))
     return result
 
 
@@ -382,7 +421,10 @@ def plot(result: dict, path: str) -> None:
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    result = run_soak(args)
+    if args.resummarise:
+        result = resummarise(args.out, os.path.abspath(args.run_dir), args.save_every)
+    else:
+        result = run_soak(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json(result, args.out)
     plot(result, args.out.replace(".json", ".png"))

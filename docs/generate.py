@@ -23,7 +23,6 @@ import io
 import json
 import os
 import re
-import statistics
 import sys
 import tokenize
 from pathlib import Path
@@ -385,9 +384,7 @@ def soak(doc: dict) -> str:
     kinds: dict[str, int] = {}
     for fault in doc["faults"]:
         kinds[fault["kind"]] = kinds.get(fault["kind"], 0) + 1
-    lost_s = [f["wall_s_to_next_new_step"] for f in doc["faults"] if f.get("wall_s_to_next_new_step") is not None]
     memory = doc.get("memory") or {}
-    rss = memory.get("session_rss_mb", {})
     rows = [
         "| figure | value |",
         "|---|---|",
@@ -402,18 +399,29 @@ def soak(doc: dict) -> str:
         f"| evicted (rule) / dropped (reason) | {evicted or 'none'} / {dropped or 'none'} |",
         f"| unaccounted; books balanced at every step | {books.get('unaccounted')}; "
         f"{'yes' if doc['ledger_balanced_every_step'] else 'no'} |",
-        f"| lost to crashes (read after the checkpoint resumed from) | {doc['trajectories_lost_to_crashes']} |",
+        f"| lost to crashes (read after the checkpoint resumed from), per crash | "
+        f"{', '.join(str(round(x)) for x in doc['trajectories_lost_to_crashes'])} |",
         f"| store size, max (trajectories, MB) | {doc['store_trajectories_max']}, {doc['store_mb_max']:.2f} |",
     ]
-    if rss:
+    for key, what in (
+        ("session_rss_mb", "all the run's processes"),
+        ("largest_worker_rss_mb", "largest trainer worker"),
+    ):
+        if key in memory:
+            m = memory[key]
+            rows.append(
+                f"| RSS of {what}: median over the first / last third of the run, max (MB) | "
+                f"{m['first_third_median']:.0f} / {m['last_third_median']:.0f}, {m['max']:.0f} |"
+            )
+    by_kind: dict[str, list[float]] = {}
+    for fault in doc["faults"]:
+        if fault.get("wall_s_to_next_new_step") is not None:
+            by_kind.setdefault(fault["kind"], []).append(fault["wall_s_to_next_new_step"])
+    if by_kind:
         rows.append(
-            f"| run's RSS, median first / last third, max (MB) | {rss['first_third_median']:.0f} / "
-            f"{rss['last_third_median']:.0f}, {rss['max']:.0f} |"
-        )
-    if lost_s:
-        rows.append(
-            f"| wall time to the next new step after a fault, median (min-max) s | {statistics.median(lost_s):.0f} "
-            f"({min(lost_s):.0f}-{max(lost_s):.0f}) |"
+            "| wall time from a fault to the next new step, by kind (s) | "
+            + ", ".join(f"{k} {min(v):.0f}-{max(v):.0f}" for k, v in sorted(by_kind.items()))
+            + " |"
         )
     return "\n".join(rows) + f"\n\nBound on loss: {doc['loss_bound']}.\n"
 

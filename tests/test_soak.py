@@ -34,6 +34,12 @@ def test_the_effective_history_keeps_each_segment_up_to_the_next_resume():
     segments[2]["steps_seen"] = {2: 0, 3: 0, 4: 0, 5: 0}
     segments[3]["resumed_from_step"] = 3  # segment 2 redone after 3; segment 3 logged only 6: 4 and 5 missing
     assert effective_history(segments) == ([1, 2, 3, 6], {0: [2, 3, 4], 2: [4, 5]})
+    # a crash that took the last step's metrics line with it: the next resume's checkpoint proves the step ran
+    lost_line = [
+        {"index": 0, "resumed_from_step": 0, "steps_seen": {1: 0, 2: 0, 3: 0}},
+        {"index": 1, "resumed_from_step": 4, "steps_seen": {5: 0, 6: 0}},
+    ]
+    assert effective_history(lost_line) == ([1, 2, 3, 4, 5, 6], {0: []})
 
 
 @pytest.mark.e2e
