@@ -518,7 +518,10 @@ def blocks() -> dict[str, str]:
 def soak_block(doc: dict | None) -> str:
     if doc is None:
         return "(no soak results yet: `python benchmarks/soak.py`)\n"
-    return f"`benchmarks/results/soak.json` ({provenance_line(doc)}):\n\n" + soak(doc) + plots_of("soak")
+    # where and on what code it was made: on the results page (the hand-written pages carry no run history)
+    return (
+        "`benchmarks/results/soak.json` ([how and where it was made](results.md)):\n\n" + soak(doc) + plots_of("soak")
+    )
 
 
 def rendered() -> dict[Path, str]:
