@@ -38,14 +38,13 @@ import time
 import psutil
 from common import prepare_run, process_kind, provenance
 
-from tba_ext.core.replay import load_checked
+from tba_ext.core.replay import REPLAY_FILE, load_checked
 from tba_ext.core.steps import step_folder
 from tba_ext.tools.processes import children, cmdline, session_pids
 from tba_ext.tools.report import read_metrics, write_json
 
 KINDS = ("kill_searcher", "kill_trainer", "stall_searcher", "corrupt_store")
 LOCAL_UPDATES = 2  # cpu_tba_decoupled's k: optimizer updates per global step
-REPLAY_FILE = "tba_replay.pt"
 
 
 def fault_schedule(n_faults: int, steps: int, seed: int) -> list[tuple[int, str]]:

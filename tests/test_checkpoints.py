@@ -39,3 +39,36 @@ def test_a_damaged_or_foreign_replay_store_is_refused_naming_its_path(tmp_path, 
     with pytest.raises(ValueError, match=message) as refused:
         load_checked(str(path))
     assert str(path) in str(refused.value)
+
+
+@pytest.mark.parametrize("damage", ["cut in half", "a byte flipped", "intact"])
+def test_the_store_a_resume_would_load_is_checked_whole_before_ray_starts(tmp_path, damage):
+    from tba_ext.adapters.checks import check_resume_store
+    from tba_ext.core.replay import REPLAY_FILE, ReplaySampler, Trajectory, TrajectoryStore, save_atomic
+    from tba_ext.core.settings import ReplaySettings
+
+    store = TrajectoryStore(4, 100)
+    for i in range(50):
+        store.admit(Trajectory(f"p{i % 7}", list(range(i, i + 20)), float(i % 2), version=i))
+    ckpt = tmp_path / "ckpt"
+    folder = ckpt / "global_step_6"
+    folder.mkdir(parents=True)
+    path = folder / REPLAY_FILE
+    save_atomic({"sampler": ReplaySampler(store, ReplaySettings()).state_dict()}, str(path))
+    data = bytearray(path.read_bytes())
+    if damage == "cut in half":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "a byte flipped":  # inside the stored trajectories: only the member's checksum can tell
+        data[len(data) // 3] ^= 0xFF
+        path.write_bytes(bytes(data))
+    trainer = {"resume_mode": "auto", "default_local_dir": str(ckpt)}
+    check_resume_store(trainer)  # no tracker file yet: a fresh start, nothing to check
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("6")
+    for resume in (trainer, {"resume_mode": "resume_path", "resume_from_path": str(folder)}):
+        if damage == "intact":
+            check_resume_store(resume)
+            continue
+        with pytest.raises(ValueError, match="corrupt or unreadable") as refused:
+            check_resume_store(resume)
+        assert str(path) in str(refused.value) and "trainer.resume_from_path" in str(refused.value)
+    check_resume_store({"resume_mode": "disable", "default_local_dir": str(ckpt)})

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tba_ext.adapters.reference import REFERENCE_DIR
-from tba_ext.adapters.trainer import REPLAY_FILE
+from tba_ext.core.replay import REPLAY_FILE
 from tba_ext.tools.launch import run_verl
 from tba_ext.tools.report import read_metrics
 

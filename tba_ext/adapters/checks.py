@@ -6,9 +6,11 @@ before Ray starts; reads verl's keys, imports nothing of verl.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
+from tba_ext.core.replay import REPLAY_FILE, check_store_file
 from tba_ext.core.settings import (
     IS_RATIO_MAX,
     REPLAY_SAMPLER_NAME,
@@ -26,11 +28,43 @@ from tba_ext.core.steps import (
     epochs_for_steps,
     local_updates,
     scheduler_updates_per_call,
+    step_folder,
     steps_per_epoch,
     verl_dataloader_fetch,
 )
 
 _ABSENT = object()
+# what to do when a resume's replay store is refused (the preflight and the trainer say it alike)
+RESUME_REMEDY = (
+    "To go on: resume from an earlier checkpoint (trainer.resume_mode=resume_path trainer.resume_from_path=<an "
+    "earlier global_step_N>), or move the file away to resume this checkpoint with an empty replay store"
+)
+
+
+def resume_folder(trainer: Mapping[str, Any]) -> str | None:
+    """The checkpoint folder verl will resume from: ``resume_from_path`` (resume_path), the latest under
+    ``default_local_dir`` (auto, when its tracker file exists), else None."""
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "resume_path":
+        return trainer.get("resume_from_path")
+    tracker = os.path.join(str(trainer.get("default_local_dir")), "latest_checkpointed_iteration.txt")
+    if mode != "auto" or not os.path.exists(tracker):
+        return None
+    with open(tracker) as f:
+        return step_folder(str(trainer["default_local_dir"]), int(f.read().strip()))
+
+
+def check_resume_store(trainer: Mapping[str, Any]) -> None:
+    """The replay store of the checkpoint a run resumes from, checked whole before Ray starts: a damaged one is
+    refused here, naming the file, rather than after the models load."""
+    folder = resume_folder(trainer)
+    path = os.path.join(folder, REPLAY_FILE) if folder else None
+    if path and os.path.exists(path):
+        try:
+            check_store_file(path)
+        except ValueError as exc:
+            raise ValueError(f"{exc}. {RESUME_REMEDY}") from exc
+
 
 # verl's keys a run depends on, with the type (``checked_type``'s annotation) and range they need: verl reads them
 # without a check, or checks them only after Ray and its workers started. A key the config lacks is skipped.

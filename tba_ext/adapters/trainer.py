@@ -32,18 +32,17 @@ from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_
 from verl.workers.utils.padding import response_to_nested
 
 from tba_ext.adapters import fused, losses
-from tba_ext.adapters.checks import check_tba_run, fused_update_plan, planned_epochs
+from tba_ext.adapters.checks import RESUME_REMEDY, check_tba_run, fused_update_plan, planned_epochs
 from tba_ext.adapters.llm_client import ReferenceKeepingClient
 from tba_ext.adapters.lr_schedule import install_lr_schedule
 from tba_ext.adapters.reference import ReferenceMixin, data_parallel_size
 from tba_ext.adapters.trainer_metrics import TrainerMetricsMixin
 from tba_ext.core import tb, wire
+from tba_ext.core.replay import REPLAY_FILE
 from tba_ext.core.steps import scheduler_updates_per_call, step_folder, updates_per_step
 from tba_ext.tasks.data import check_chat_template
 
 logger = logging.getLogger(__name__)
-
-REPLAY_FILE = "tba_replay.pt"
 
 
 def _first(value) -> float:
@@ -328,11 +327,7 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
                 try:
                     self.replay_buffer.load_store(path)
                 except ValueError as exc:  # refused whole: nothing of it was loaded
-                    raise ValueError(
-                        f"{exc}. To go on: resume from an earlier checkpoint (trainer.resume_mode=resume_path "
-                        "trainer.resume_from_path=<an earlier global_step_N>), or move the file away to resume this "
-                        "checkpoint with an empty replay store"
-                    ) from exc
+                    raise ValueError(f"{exc}. {RESUME_REMEDY}") from exc
             else:
                 logger.warning("tba: no replay store at %s; resuming with an empty store", path)
         self._restore_reference(folder)

@@ -38,6 +38,7 @@ import io
 import math
 import os
 import random
+import zipfile
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,7 @@ from tba_ext.core.settings import ReplaySettings
 FORMAT_VERSION = 4
 READABLE_FORMATS = (2, 3, 4)
 FILE_FORMAT = "tba-ext-replay"
+REPLAY_FILE = "tba_replay.pt"  # the store's file in each checkpoint folder (global_step_N/)
 # Python object overhead the store pays per trajectory on top of its bytes (object, hash, index entries),
 # measured by benchmarks/replay.py; used only for the byte capacity.
 OVERHEAD_BYTES_PER_TRAJECTORY = 450  # benchmarks/replay.py: ~440 B beyond blob and prompt share
@@ -487,6 +489,18 @@ def save_atomic(state: dict, path: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def check_store_file(path: str) -> None:
+    """A whole-file check of a saved store without loading it (a resume's preflight, before Ray starts):
+    ``torch.save``'s zip archive, every member's CRC intact. A cut or overwritten file fails it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {exc}") from exc
+    if bad is not None:
+        raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {bad} fails its checksum")
 
 
 def load_checked(path: str) -> dict:

@@ -305,6 +305,7 @@ def preflight(cfg) -> None:
     from tba_ext.adapters.checks import (
         check_micro_batch_sizes,
         check_planned_steps,
+        check_resume_store,
         check_tba_run,
         check_verl_values,
     )
@@ -323,6 +324,7 @@ def preflight(cfg) -> None:
     if mistyped:
         raise ValueError(f"wrong type: {'; '.join(mistyped)}")
     check_tba_run(plain)
+    check_resume_store(plain["trainer"])
     check_registered_names(plain)
     check_model_dir(plain["actor_rollout_ref"]["model"]["path"])
     check_chat_template(load_tokenizer(plain["actor_rollout_ref"]["model"]["path"]), plain["data"])
