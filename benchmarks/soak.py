@@ -38,7 +38,7 @@ import time
 import psutil
 from common import prepare_run, process_kind, provenance
 
-from tba_ext.core.replay import REPLAY_FILE, load_checked
+from tba_ext.core.replay import REPLAY_FILE, saved_ledger
 from tba_ext.core.steps import step_folder
 from tba_ext.tools.processes import children, cmdline, session_pids
 from tba_ext.tools.report import read_metrics, write_json
@@ -153,7 +153,7 @@ def ledger_ids_at(ckpt: str, step: int) -> int:
     path = os.path.join(step_folder(ckpt, step), REPLAY_FILE)
     if not step or not os.path.exists(path):
         return 0
-    return len(load_checked(path)["sampler"]["store"]["ledger"]["place"])
+    return len(saved_ledger(path)[0])
 
 
 def run_soak(args) -> dict:
@@ -293,14 +293,12 @@ def effective_history(segments: list) -> tuple[list[int], dict]:
 def final_books(ckpt: str) -> dict:
     """The ledger's counts in the last checkpoint's replay store, exact (the step metrics average a decoupled
     step's k samples), and whether they balance against it."""
-    from tba_ext.core.ledger import TrajectoryLedger, unbalanced
+    from tba_ext.core.ledger import unbalanced
 
     step = last_checkpoint(ckpt)
-    store = load_checked(os.path.join(step_folder(ckpt, step), REPLAY_FILE))["sampler"]["store"]
-    ledger = TrajectoryLedger()
-    ledger.load_state_dict(store["ledger"])
+    ledger, store_size = saved_ledger(os.path.join(step_folder(ckpt, step), REPLAY_FILE))
     counts = ledger.counts()
-    return {"checkpoint_step": step, **counts, "unbalanced": unbalanced(counts, len(store["trajectories"]))}
+    return {"checkpoint_step": step, **counts, "unbalanced": unbalanced(counts, store_size)}
 
 
 def summarise(args, steps, schedule, faults, segments, timeline, ckpt, wall) -> dict:

@@ -100,19 +100,15 @@ def cmd_configs(args) -> int:
 
 def cmd_ledger(args) -> int:
     """The trajectory ledger of a saved replay store: its books, and where one trajectory went."""
-    from tba_ext.core.ledger import TrajectoryLedger, unbalanced
-    from tba_ext.core.replay import load_checked
+    from tba_ext.core.ledger import unbalanced
+    from tba_ext.core.replay import saved_ledger
 
-    store = load_checked(args.path)["sampler"]["store"]
-    if "ledger" not in store:
-        raise ValueError(f"{args.path}: a replay store of format {store.get('format_version')}, saved without a ledger")
-    ledger = TrajectoryLedger()
-    ledger.load_state_dict(store["ledger"])
+    ledger, store_size = saved_ledger(args.path)
     counts = ledger.counts()
     for name, value in counts.items():
         if value or name in ("ids", "stored", "unaccounted", "uses"):
             print(f"{name:34s} {value}")
-    problem = unbalanced(counts, len(store["trajectories"]))
+    problem = unbalanced(counts, store_size)
     print(f"balanced: {'yes' if problem is None else 'NO: ' + problem}")
     for trajectory_id in args.id or []:
         if not 0 <= trajectory_id < len(ledger):

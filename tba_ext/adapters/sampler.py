@@ -339,13 +339,22 @@ class TBAReplaySampler(ReplayBufferAsync):
         """The finished trajectories of groups verl's buffer is about to evict (its own staleness cap, DAPO's filter,
         failed groups) enter the ledger as dropped: the store never reads them."""
         stale, filtered, failed, _ = reasons
-        counted: set = set()
-        for reason, uids in (("verl_stale", stale), ("verl_filter_groups", filtered), ("verl_failed_group", failed)):
-            for key in self.partitions[partition_id]:
-                uid = key.split("_")[0]
-                if uid in uids and key not in counted:  # the sets may overlap: one reason per trajectory
-                    counted.add(key)
-                    self.store.ledger.dropped(self.store.ledger.new_id(), reason)
+        if not (stale or filtered or failed):  # the usual poll: nothing to evict, no pass over the partition
+            return
+        for key in self.partitions[partition_id]:
+            uid = key.split("_")[0]
+            # the sets may overlap: one reason per trajectory, in this order
+            reason = (
+                "verl_stale"
+                if uid in stale
+                else "verl_filter_groups"
+                if uid in filtered
+                else "verl_failed_group"
+                if uid in failed
+                else None
+            )
+            if reason:
+                self.store.ledger.dropped(self.store.ledger.new_id(), reason)
 
     def _metrics(self, report, current_version: int, ingest: dict) -> dict:
         """Per-update metrics, O(B K): the store's figures are running totals."""

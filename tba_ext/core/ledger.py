@@ -32,6 +32,8 @@ DROP_REASONS = (
 )
 PLACES = ("unaccounted", "stored", *(f"evicted/{r}" for r in EVICTION_RULES), *(f"dropped/{r}" for r in DROP_REASONS))
 _CODE = {name: code for code, name in enumerate(PLACES)}
+# where a trajectory the store served can be: still stored, or evicted by the very draw that served it (max_replays)
+_SERVABLE = frozenset(code for code, name in enumerate(PLACES) if name == "stored" or name.startswith("evicted/"))
 
 
 class LedgerError(RuntimeError):
@@ -65,8 +67,7 @@ class TrajectoryLedger:
     def trained(self, trajectory_ids, update: int) -> None:
         """``trajectory_ids`` were served to the optimizer update ``update`` (counted from 1)."""
         for trajectory_id in trajectory_ids:
-            # served from the store: stored, or evicted by the draw that served it (max_replays)
-            if self._place[trajectory_id] == UNACCOUNTED or self.place(trajectory_id).startswith("dropped/"):
+            if self._place[trajectory_id] not in _SERVABLE:
                 raise LedgerError(f"trajectory {trajectory_id} trained on while {self.place(trajectory_id)}")
             self._trained[trajectory_id] = 1
             self._uses.extend((trajectory_id, update))

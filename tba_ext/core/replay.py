@@ -503,6 +503,16 @@ def check_store_file(path: str) -> None:
         raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {bad} fails its checksum")
 
 
+def saved_ledger(path: str) -> tuple[TrajectoryLedger, int]:
+    """The ledger of a saved store and how many trajectories the store holds (what its stored ids must number)."""
+    store = load_checked(path)["sampler"]["store"]
+    if "ledger" not in store:
+        raise ValueError(f"{path}: a replay store of format {store.get('format_version')}, saved without a ledger")
+    ledger = TrajectoryLedger()
+    ledger.load_state_dict(store["ledger"])
+    return ledger, len(store["trajectories"])
+
+
 def load_checked(path: str) -> dict:
     """Load a saved store; a damaged file is refused with its path and nothing else is touched."""
     try:
