@@ -16,12 +16,13 @@ import sys
 from common import provenance
 
 from tba_ext.tools.compare import compare, merge
-from tba_ext.tools.recipe import METHODS
+from tba_ext.tools.recipe import FULL, METHODS, TASK_RECIPES
 from tba_ext.tools.report import write_json
 
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--task", choices=list(TASK_RECIPES), default=FULL.task)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 10])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -49,6 +50,7 @@ def grid(args) -> dict:
         steps=args.steps,
         eval_every=args.eval_every,
         results_path=args.out,
+        task=args.task,
     )
 
 

@@ -149,6 +149,7 @@ def cmd_compare(args) -> int:
         steps=args.steps,
         eval_every=args.eval_every,
         results_path=args.results,
+        task=args.task,
     )
     return 0
 
@@ -278,6 +279,9 @@ def add_compare(sub) -> None:
     p = sub.add_parser("compare", help="TB vs TBA′ vs Dr. GRPO on identical model, data and seeds over staleness")
     p.add_argument("--run-dir", default="tba_compare")
     p.add_argument("--short", action="store_true", help="a shortened run (CI)")
+    from tba_ext.tools.recipe import FULL, TASK_RECIPES
+
+    p.add_argument("--task", choices=list(TASK_RECIPES), default=FULL.task, help="the task every run trains on")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument(
         "--staleness",

@@ -6,7 +6,7 @@ import os
 
 from tba_ext.tasks import arith
 
-TASKS = ("arith", "arith20", "arith_worked", "gsm_symbolic", "gsm8k", "math", "tldr", "redteam")
+TASKS = ("arith", "arith20", "arith_worked", "countdown", "gsm_symbolic", "gsm8k", "math", "tldr", "redteam")
 # tasks read from a user-supplied copy: every row of a split is written unless a size caps it
 SOURCED_TASKS = ("gsm8k", "math", "tldr")
 # rows the generated tasks write when no size is given
@@ -21,6 +21,10 @@ def rows_for(task: str, split: str, size: int | None, seed: int, source: str | N
     if task in arith.MAX_OPERAND:
         problems = arith.make_problems(size, seed=seed, split=split, max_operand=arith.MAX_OPERAND[task])
         return [arith.to_verl_row(p, split, i, worked=task == "arith_worked") for i, p in enumerate(problems)]
+    if task == "countdown":
+        from tba_ext.tasks import countdown
+
+        return countdown.rows(split, size, seed)
     if task == "gsm_symbolic":
         from tba_ext.tasks import gsm8k
 
@@ -94,6 +98,10 @@ def corpus_for(task: str, seed: int, source: str | None = None) -> list[str]:
             + arith.make_problems(500, seed=seed, split="test", max_operand=top),
             worked=task == "arith_worked",
         )
+    if task == "countdown":
+        from tba_ext.tasks import countdown
+
+        return countdown.corpus(countdown.make_problems(5000, seed) + countdown.make_problems(500, seed, "test"))
     rows = rows_for(task, "train", 2000, seed, source)
     return [r["prompt"][0]["content"] + "\n" + r["extra_info"].get("answer_text", "") for r in rows]
 

@@ -19,6 +19,7 @@ from tba_ext.tasks.numbers import NUMBER, last_number, numbers_equal
 SCORED_SOURCES = (
     "tba_ext/arith",
     "tba_ext/arith_worked",
+    "tba_ext/countdown",
     "openai/gsm8k",
     "tba_ext/gsm8k",
     "tba_ext/gsm_symbolic",
@@ -40,6 +41,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         return arith_score(solution_str, ground_truth)
     if data_source == "tba_ext/arith_worked":  # the worked answer's last number, as the reference's GSM8K rule
         return 1.0 if numbers_equal(last_number(solution_str), ground_truth) else 0.0
+    if data_source == "tba_ext/countdown":
+        from tba_ext.tasks.countdown import countdown_score
+
+        return countdown_score(solution_str, ground_truth)
     if data_source in ("openai/gsm8k", "tba_ext/gsm8k", "tba_ext/gsm_symbolic"):
         from tba_ext.tasks.gsm8k import gsm8k_score
 

@@ -24,13 +24,12 @@ from tba_ext.tools.evaluate import greedy_accuracy
 from tba_ext.tools.launch import run_verl
 from tba_ext.tools.recipe import (
     EVAL_SAMPLES,
-    FULL,
     METHODS,
-    SHORT,
     STALL_TIMEOUT_S,
     label,
     method_overrides,
     prepare,
+    recipe_for,
     training_overrides,
 )
 
@@ -177,10 +176,11 @@ def compare(
     steps: int | None = None,
     eval_every: int | None = None,
     results_path: str | None = None,
+    task: str | None = None,
 ) -> dict:
     """Every method at every staleness for every seed, each seed's methods from one prepared folder (identical
     model, data and warm start); the results JSON, report and plots in ``run_dir``."""
-    p = SHORT if short else FULL  # its method is the quickstart's objective; compare runs each of ``methods``
+    p = recipe_for(task, short)  # its method is the quickstart's objective; compare runs each of ``methods``
     steps = steps or (3 if short else p.rl_steps)
     eval_every = eval_every or steps
     unknown = set(methods) - set(METHODS)
