@@ -16,7 +16,7 @@ import sys
 from common import provenance
 
 from tba_ext.tools.compare import compare, merge
-from tba_ext.tools.recipe import FULL, METHODS, TASK_RECIPES
+from tba_ext.tools.recipe import COMPARED, FULL, METHODS, TASK_RECIPES
 from tba_ext.tools.report import write_json
 
 
@@ -25,7 +25,7 @@ def main():
     parser.add_argument("--task", choices=list(TASK_RECIPES), default=FULL.task)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 10])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(COMPARED), choices=list(METHODS))
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--run-dir", default="benchmarks/results/compare_run")

@@ -290,12 +290,12 @@ def add_compare(sub) -> None:
         default=[0, 4, 10],
         help="bounds all off-policy data: 0 = on-policy; s = generation s batches ahead, replay <= s",
     )
-    from tba_ext.tools.recipe import METHODS
+    from tba_ext.tools.recipe import COMPARED, METHODS
 
     p.add_argument(
         "--methods",
         nargs="+",
-        default=list(METHODS),
+        default=list(COMPARED),
         choices=list(METHODS),
         help=", ".join(f"{slug}: {m.label}" for slug, m in METHODS.items()),
     )

@@ -56,7 +56,7 @@ class Key:
 
     key: str
     type: str
-    range: str = ""  # int: >0 >=0 >=1 >=2; float: >0 [0,1] [0,1) (0,1] finite; str: the valid values, "|"-separated
+    range: str = ""  # int: >0 >=0 >=1 >=2; float: >0 >=0 [0,1] [0,1) (0,1] finite; str: the valid values, "|"-separated
     null: bool = False
     configs: tuple[str, ...] = CONFIGS
     inf: bool = False  # +inf is valid (no limit)
@@ -101,7 +101,8 @@ KEYS = [
     Key("algorithm.use_kl_in_reward", "bool"),
     Key("algorithm.kl_penalty", "str", "kl", configs=TB),
     Key("algorithm.kl_ctrl.type", "str", "fixed", configs=TB),
-    Key("algorithm.kl_ctrl.kl_coef", "float", ">0", configs=TB),
+    Key("algorithm.kl_ctrl.kl_coef", "float", ">0", configs=("cpu_tb", "cpu_tba", "cpu_tba_decoupled")),
+    Key("algorithm.kl_ctrl.kl_coef", "float", ">=0", configs=("cpu_tb_pg",)),  # 0: TBA′ without KL
     Key("algorithm.rollout_correction.bypass_mode", "bool"),
     # inf: no truncation at all, what tb_pg wants (1e6 is its finite stand-in)
     Key("algorithm.rollout_correction.rollout_is_threshold", "float", ">0", configs=("cpu_tb_pg",), inf=True),
@@ -162,6 +163,7 @@ def bad_values(key: Key) -> list[tuple[str, str]]:
         out += [("nan", "NaN"), ("-inf", "-infinite")] + ([] if key.inf else [("inf", "infinite")])
         out += {
             ">0": [("0", "zero"), ("-0.5", "negative")],
+            ">=0": [("-0.5", "negative")],
             "[0,1]": [("1.5", "above 1"), ("-0.1", "negative")],
             "[0,1)": [("1.0", "1"), ("-0.1", "negative")],
             "(0,1]": [("0", "zero"), ("1.5", "above 1")],

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from tba_ext.adapters.checks import check_replay_run, check_tb_run
 from tba_ext.tools.compare import compare, interval95
 from tba_ext.tools.config import compose
-from tba_ext.tools.recipe import METHODS, method_overrides
+from tba_ext.tools.recipe import COMPARED, METHODS, method_overrides
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -30,6 +30,7 @@ def test_staleness_bounds_every_source_of_off_policy_data(method, staleness):
         assert v1["colocate_async"]["num_warmup_batches"] == staleness
         assert replay is None or (replay.recency_prob == 0.95 and replay.max_staleness == staleness)
     assert (replay is not None) == METHODS[method].replay
+    assert (cfg["algorithm"]["kl_ctrl"]["kl_coef"] == 0.0) == (method == "tb_pg_nokl")  # the stress arm's one change
 
 
 def test_interval95_is_the_t_interval():
@@ -45,7 +46,7 @@ def test_compare_short_runs_every_method_from_one_start_and_summarises(tmp_path)
     compare(str(tmp_path / "cmp"), short=True, seeds=[0], staleness=[1], results_path=str(results))
     saved = json.loads(results.read_text())
     runs = saved["runs"]
-    assert {r["method"] for r in runs} == set(METHODS)
+    assert {r["method"] for r in runs} == set(COMPARED)
     assert len({(r["accuracy_before"], r["sampled_before"]) for r in runs}) == 1  # identical start for all
     assert all(r["mean_staleness"] is not None and r["mean_staleness"] > 0 for r in runs)
     for r in runs:  # pass@k of the 16 samples per prompt: rises with k, and pass@1 is the sampled accuracy

@@ -101,3 +101,19 @@ def test_ratio_stats_count_only_response_tokens():
     assert stats["is_ratio_clipfrac"].item() == pytest.approx(sum(r > 8.0 for r in kept) / len(kept))
     assert stats["ratio_mean"].item() == pytest.approx(sum(kept) / len(kept))
     assert stats["ratio_max"].item() == 9.0
+
+
+def test_tba_prime_without_kl_is_the_group_centred_reward_and_plain_tb_refuses_beta_zero():
+    from tba_ext.core.settings import checked_beta
+
+    torch.manual_seed(0)
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    reward = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    policy, ref = torch.randn(6), torch.randn(6)
+    advantage, log_z = tb.tb_pg_advantage(policy, ref, reward, groups, beta=0.0)
+    centred = reward - torch.tensor([1 / 3] * 3 + [2 / 3] * 3)  # r - r_bar: no KL term at all
+    assert torch.allclose(advantage, centred)
+    assert torch.isnan(log_z).all()  # log Z = mean S / beta does not exist without KL
+    assert checked_beta(0.0, allow_zero=True) == 0.0
+    with pytest.raises(ValueError, match="kl_coef.*0 only with tb_pg"):
+        checked_beta(0.0)

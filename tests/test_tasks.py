@@ -317,3 +317,34 @@ def test_diversity_counts_pass_at_k_and_distinct_right_answers_per_prompt():
     assert out["pass@1"] == pytest.approx((3 / 4 + 0) / 2) and out["pass@4"] == pytest.approx(0.5)
     assert "pass@8" not in out
     assert out["distinct_correct_per_prompt"] == pytest.approx((1 + 0) / 2)  # "12" in three spellings is one answer
+
+
+def test_countdown_holds_out_problems_and_grades_any_right_expression_with_reasoning_gym():
+    import json
+
+    from tba_ext.tasks import countdown
+
+    test = countdown.make_problems(80, seed=3, split="test")
+    train = countdown.make_problems(2000, seed=3, split="train")
+    test_keys = {countdown._key(p["numbers"], p["target"]) for p in test}
+    assert len(test_keys) == 80  # each held-out problem asked once
+    assert not test_keys & {countdown._key(p["numbers"], p["target"]) for p in train}
+    assert all(countdown.is_held_out(p["numbers"], p["target"]) for p in test)
+    for p in train[:200] + test:  # every SFT target is a right answer, graded by the library's scorer
+        truth = countdown.to_verl_row(p, "train", 0)["reward_model"]["ground_truth"]
+        assert compute_score("tba_ext/countdown", p["expression"] + "<|im_end|>", truth) == 1.0
+    truth = json.dumps({"numbers": [6, 4, 8], "target": 8})
+    right = ["4*(8-6)", "(8-6)*4", " 4 * (8 - 6) "]  # several right answers: what distinct-correct counts
+    wrong = ["8", "8*4/4", "6+4-2", "4*(8-6)+0", "4*(8-6", "(8-6)**2*4/8+6-6", "x", ""]
+    assert [compute_score("tba_ext/countdown", a, truth) for a in right] == [1.0] * 3
+    assert [compute_score("tba_ext/countdown", a, truth) for a in wrong] == [0.0] * len(wrong)
+
+
+def test_prepare_countdown_writes_verl_parquet_its_rule_reward_scores(tmp_path):
+    summary = write_task("countdown", str(tmp_path), train_size=64, test_size=16, seed=1)
+    df = pd.read_parquet(summary["test"]["path"])
+    assert len(df) == 16 and set(df["data_source"]) == {"tba_ext/countdown"}
+    row = df.iloc[0]
+    assert row["prompt"][0]["content"].startswith("Make ")
+    score = compute_score(row["data_source"], row["extra_info"]["answer_text"], row["reward_model"]["ground_truth"])
+    assert score == 1.0

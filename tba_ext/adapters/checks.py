@@ -227,7 +227,7 @@ def check_tb_run(cfg: Mapping[str, Any]) -> None:
         )
     if not tb_estimator:
         return
-    checked_beta(algo.get("kl_ctrl", {}).get("kl_coef"))
+    checked_beta(algo.get("kl_ctrl", {}).get("kl_coef"), allow_zero=estimator == "tb_pg")
     if not algo.get("use_kl_in_reward", False):
         raise ValueError("TB needs algorithm.use_kl_in_reward=True (the reference log-probs enter through it)")
     if algo.get("kl_penalty", "kl") != "kl":

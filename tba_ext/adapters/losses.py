@@ -21,8 +21,8 @@ from tba_ext.core import tb
 from tba_ext.core.settings import IS_RATIO_MAX, TB_MODES, checked_beta
 
 
-def _kl_coef(config) -> float:
-    return checked_beta(config.kl_ctrl.kl_coef)
+def _kl_coef(config, pg_units: bool) -> float:
+    return checked_beta(config.kl_ctrl.kl_coef, allow_zero=pg_units)
 
 
 def _sequence_advantage(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ def _sequence_advantage(advantages: torch.Tensor, response_mask: torch.Tensor) -
 def _tb_estimator(token_level_rewards, response_mask, index, config, pg_units: bool):
     """Unpack verl's (B, T) KL-in-reward token rewards into per-trajectory scores S = r - beta * KL and make the
     core call; the sequence advantage is broadcast back over the response tokens."""
-    beta = _kl_coef(config)
+    beta = _kl_coef(config, pg_units)
     if index is None:
         raise ValueError("the tb estimators need prompt uids (verl's 'uid' field) to form groups")
     mask = response_mask.to(token_level_rewards.dtype)

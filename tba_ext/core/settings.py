@@ -244,10 +244,13 @@ def parse_settings(node: Mapping[str, Any] | None) -> TBASettings:
 TB_MODES = ("tb", "tb_pg")
 
 
-def checked_beta(beta) -> float:
-    """TB's beta is verl's algorithm.kl_ctrl.kl_coef; the residuals divide by it."""
-    if isinstance(beta, bool) or not isinstance(beta, Real) or not 0 < float(beta) < float("inf"):
-        raise ValueError(f"algorithm.kl_ctrl.kl_coef is TB's beta and must be a finite float > 0, got {beta!r}")
+def checked_beta(beta, allow_zero: bool = False) -> float:
+    """TB's beta is verl's algorithm.kl_ctrl.kl_coef; TB's residuals divide by it. TBA′ (``allow_zero``) only
+    multiplies the KL by it, so beta = 0 is TBA′ without KL regularisation (the stress comparison's arm)."""
+    low_ok = (lambda b: b >= 0) if allow_zero else (lambda b: b > 0)
+    if isinstance(beta, bool) or not isinstance(beta, Real) or not (low_ok(float(beta)) and float(beta) < float("inf")):
+        bound = ">= 0 for tb_pg" if allow_zero else "> 0 for tb (0 only with tb_pg, TBA′ without KL)"
+        raise ValueError(f"algorithm.kl_ctrl.kl_coef is TB's beta and must be a finite float {bound}, got {beta!r}")
     return float(beta)
 
 

@@ -77,7 +77,8 @@ def tb_advantage(
         )
     group_score = group_mean(score, groups)
     advantage = (score - group_score) / (1.0 if pg_units else beta)
-    return advantage, {"log_z": float((group_score / beta).mean()), "mean_abs_advantage": float(advantage.abs().mean())}
+    log_z = float((group_score / beta).mean()) if beta > 0 else float("nan")  # no log Z without KL (TBA′, beta 0)
+    return advantage, {"log_z": log_z, "mean_abs_advantage": float(advantage.abs().mean())}
 
 
 def tb_loss_from_advantage(
@@ -120,14 +121,16 @@ def tb_pg_advantage(
     n_groups: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TBA' advantage from one forward pass: (r - r_bar) - beta (kl - kl_bar), kl = sg(l_theta) - l_ref, shape (B,),
-    and log Z_i = mean_j S_ij / beta per row (S = r - beta kl, as ``tb_advantage`` reports it).
+    and log Z_i = mean_j S_ij / beta per row (S = r - beta kl, as ``tb_advantage`` reports it; NaN at beta = 0,
+    where the advantage is the plain group-centred reward r - r_bar and no log Z exists).
 
     beta times the TB advantage at the policy being trained; it is minus beta times the centred delta of eq. 5,
     so its policy gradient is eq. 5's gradient (App. A). Detached: it weights the gradient.
     """
     score = (reward - beta * (policy_seq_logprob - ref_seq_logprob)).detach()
     group_score = group_mean(score, groups, n_groups)
-    return score - group_score, group_score / beta
+    log_z = group_score / beta if beta > 0 else torch.full_like(group_score, float("nan"))
+    return score - group_score, log_z
 
 
 def rollout_ratio(

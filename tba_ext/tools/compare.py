@@ -23,6 +23,7 @@ from tba_ext.tools import report
 from tba_ext.tools.evaluate import greedy_accuracy
 from tba_ext.tools.launch import run_verl
 from tba_ext.tools.recipe import (
+    COMPARED,
     EVAL_SAMPLES,
     METHODS,
     STALL_TIMEOUT_S,
@@ -172,7 +173,7 @@ def compare(
     short: bool = False,
     seeds=(0,),
     staleness=(0,),
-    methods=tuple(METHODS),
+    methods=COMPARED,
     steps: int | None = None,
     eval_every: int | None = None,
     results_path: str | None = None,

@@ -97,13 +97,17 @@ class Method:
     config: str  # the shipped CPU config (tba_ext/configs)
     trainer_prefix: str  # "tba_" for tba-ext's trainer modes, "" for verl's own
     replay: bool  # trains from tba-ext's replay store
+    overrides: tuple[str, ...] = ()  # what sets it apart from its config's defaults
 
 
 METHODS = {
     "tb": Method("TB", "cpu_tba", "tba_", True),
     "tb_pg": Method("TBA′", "cpu_tb_pg", "tba_", True),
     "drgrpo": Method("Dr. GRPO", "cpu_drgrpo", "", False),
+    # the staleness stress's arm: TBA′ with beta = 0, its advantage the plain group-centred reward (no KL term)
+    "tb_pg_nokl": Method("TBA′ β=0", "cpu_tb_pg", "tba_", True, ("algorithm.kl_ctrl.kl_coef=0.0",)),
 }
+COMPARED = ("tb", "tb_pg", "drgrpo")  # what compare trains unless told otherwise
 
 
 def label(method: str) -> str:
@@ -117,7 +121,7 @@ def method_overrides(method: str, staleness: int, recency_prob: float) -> list[s
     s > 0 is verl's colocate_async with generation s batches ahead, and TB and TBA' replay with m, never
     anything staler than s."""
     m = METHODS[method]
-    out = [f"trainer.v1.trainer_mode={m.trainer_prefix}{'colocate_async' if staleness else 'sync'}"]
+    out = [f"trainer.v1.trainer_mode={m.trainer_prefix}{'colocate_async' if staleness else 'sync'}", *m.overrides]
     if staleness:
         out.append(f"trainer.v1.colocate_async.num_warmup_batches={staleness}")
     if m.replay:
