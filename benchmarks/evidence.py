@@ -1,0 +1,127 @@
+"""Every figure of the compare page from one command: the seed-paired grid on both CPU tasks and the staleness stress.
+
+    python benchmarks/evidence.py [--only arith20 countdown stress] [--jobs 2]
+                                  [--seeds 0 1 2 3 4] [--methods ...] [--staleness ...]
+
+Each study is ``tba-ext compare`` on one task. Its seeds run as separate processes, ``--jobs`` at a time, each in
+its own run folder under benchmarks/results/runs/ (ignored by git). They are merged into
+benchmarks/results/compare_<study>.json, with report and plots in benchmarks/results/compare_<study>/, and
+docs/generate.py renders the compare page from those JSONs. ``--seeds``, ``--methods`` and ``--staleness``
+narrow a study; each JSON's ``how`` records the command that made it, and ``cost`` its wall-clock seconds and the
+CPU seconds of the processes it ran (``getrusage`` of reaped children: a lower bound).
+
+CPU cost on the project's 2-core machine: a run is ~8 min on one core (60 updates of 32 prompts x 8), so a grid of
+3 methods x 2 staleness levels x 5 seeds (30 runs) takes about 2 hours with ``--jobs 2``; a stress run (90 updates
+at s = 32) about 12 min.
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+from common import provenance
+
+from tba_ext.tools.compare import merge
+from tba_ext.tools.report import read_json, write_json
+
+RESULTS = "benchmarks/results"
+# study -> its compare arguments. The grids: TB, TBA′ and Dr. GRPO on-policy and at s = 10 on both tasks. The
+# stress: at s = 32 TBA′ with its KL coefficient against TBA′ with beta = 0 and Dr. GRPO, longer, validated often
+STUDIES = {
+    "arith20": {
+        "task": "arith20",
+        "methods": ["tb", "tb_pg", "drgrpo"],
+        "staleness": [0, 10],
+        "steps": 60,
+        "eval_every": 20,
+    },
+    "countdown": {  # 40 updates: its warm start's TBA′ pilot gained most of its +0.11 by update 30
+        "task": "countdown",
+        "methods": ["tb", "tb_pg", "drgrpo"],
+        "staleness": [0, 10],
+        "steps": 40,
+        "eval_every": 10,
+    },
+    "stress": {
+        "task": "arith20",
+        "methods": ["tb_pg", "tb_pg_nokl", "drgrpo"],
+        "staleness": [32],
+        "steps": 90,
+        "eval_every": 10,
+    },
+}
+SEEDS = [0, 1, 2, 3, 4]
+
+
+def seed_command(study: str, spec: dict, seed: int, part: str) -> list[str]:
+    return [
+        sys.executable,
+        "benchmarks/compare_grid.py",
+        f"--task={spec['task']}",
+        "--seeds",
+        str(seed),
+        "--staleness",
+        *map(str, spec["staleness"]),
+        "--methods",
+        *spec["methods"],
+        f"--steps={spec['steps']}",
+        f"--eval-every={spec['eval_every']}",
+        f"--run-dir={RESULTS}/runs/{study}_seed{seed}",
+        f"--out={part}",
+    ]
+
+
+def run_study(study: str, spec: dict, seeds: list[int], jobs: int) -> dict:
+    """The study's seeds as parallel compare processes (``jobs`` at a time), merged into its JSON and plots."""
+    os.makedirs(f"{RESULTS}/runs", exist_ok=True)
+    parts, pending, running = [], list(seeds), []
+    start = time.time()
+    while pending or running:
+        while pending and len(running) < jobs:
+            seed = pending.pop(0)
+            part = f"{RESULTS}/runs/{study}_seed{seed}.json"
+            log = open(f"{RESULTS}/runs/{study}_seed{seed}.out", "w")
+            print(f"[{study}] seed {seed}: log {log.name}", flush=True)
+            running.append((subprocess.Popen(seed_command(study, spec, seed, part), stdout=log, stderr=log), part))
+        time.sleep(5)
+        for proc, part in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, part))
+                if proc.returncode:
+                    raise SystemExit(f"[{study}] a compare process failed ({proc.returncode}); see {part[:-5]}.out")
+                parts.append(part)
+                print(f"[{study}] {len(parts)}/{len(seeds)} seeds done ({time.time() - start:.0f}s)", flush=True)
+    payload = merge(sorted(parts), f"{RESULTS}/compare_{study}", f"{RESULTS}/compare_{study}.json")
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    payload["cost"] = {"wall_s": time.time() - start, "cpu_s_reaped": usage.ru_utime + usage.ru_stime, "jobs": jobs}
+    return payload
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", nargs="+", choices=list(STUDIES), default=list(STUDIES))
+    parser.add_argument("--jobs", type=int, default=2, help="compare processes at a time (one core each)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
+    parser.add_argument("--methods", nargs="+", default=None, help="narrow every study to these methods")
+    parser.add_argument("--staleness", type=int, nargs="+", default=None, help="narrow the grids to these levels")
+    args = parser.parse_args()
+    for study in args.only:
+        spec = dict(STUDIES[study])
+        if args.methods:
+            spec["methods"] = [m for m in spec["methods"] if m in args.methods]
+        if args.staleness and study != "stress":
+            spec["staleness"] = args.staleness
+        payload = run_study(study, spec, args.seeds, args.jobs)
+        payload["how"] = "benchmarks/evidence.py " + " ".join(sys.argv[1:])
+        payload["provenance"] = provenance()
+        write_json(payload, f"{RESULTS}/compare_{study}.json")
+        print(json.dumps(read_json(f"{RESULTS}/compare_{study}.json")["cost"]), flush=True)
+    subprocess.run([sys.executable, "docs/generate.py"], check=True)
+
+
+if __name__ == "__main__":
+    main()
