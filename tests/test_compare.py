@@ -159,3 +159,37 @@ def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_pat
     paths[1].write_text(json.dumps(other))
     with pytest.raises(ValueError, match="different steps"):
         merge([str(p) for p in paths], str(tmp_path / "grid2"))
+
+
+def test_a_stress_study_at_one_staleness_pairs_against_both_baselines_and_renders(tmp_path):
+    """s = 32 only (no on-policy cell to keep a share of), TBA′ with and without KL and Dr. GRPO: the JSON pairs
+    against Dr. GRPO and against TBA′ beta = 0, the plot is one panel, and the docs renderer takes it."""
+    import importlib.util
+    import pathlib
+
+    from tba_ext.tools.compare import merge
+
+    gains = {"tb_pg": [0.10, 0.20], "tb_pg_nokl": [-0.10, 0.05], "drgrpo": [-0.20, -0.10]}
+    part = _part(0, 0.0)
+    part.update(staleness=[32], methods=list(gains), seeds=[0, 1], runs=[], curves={})
+    for method, by_seed in gains.items():
+        for seed, gain in enumerate(by_seed):
+            diversity = {"pass@1": 0.1 + gain / 4, "pass@8": 0.5, "distinct_correct_per_prompt": 1.0}
+            run = _part(seed, gain)["runs"][0] | {"method": method, "staleness": 32, "seed": seed}
+            run |= {"diversity_before": {k: 0.2 for k in diversity}, "diversity_after": diversity}
+            part["runs"].append(run)
+            part["curves"].setdefault(f"{method} s=32", []).append(_part(seed, gain)["curves"]["tb s=0"][0])
+    (tmp_path / "part.json").write_text(json.dumps(part))
+    doc = merge([str(tmp_path / "part.json")], str(tmp_path / "stress"), str(tmp_path / "stress.json"))
+    kl = doc["paired_vs_tb_pg_nokl"]["tb_pg"]["32"]
+    assert kl["mean"] == pytest.approx(((0.10 + 0.10) + (0.20 - 0.05)) / 2) and kl["n_seeds"] == 2
+    assert doc["paired_vs_drgrpo"]["tb_pg_nokl"]["32"]["mean"] == pytest.approx((0.10 + 0.15) / 2)
+    assert doc["summary"]["tb_pg"]["32"]["gain_kept"] is None  # no s = 0 cell
+    assert (tmp_path / "stress" / "accuracy_vs_updates.png").stat().st_size > 10_000
+    spec = importlib.util.spec_from_file_location("generate", pathlib.Path(__file__).parents[1] / "docs/generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    page = generate.compare_table(json.loads((tmp_path / "stress.json").read_text()))
+    assert "| TBA′ - TBA′ β=0 | 32 | 2 |" in page and "| TBA′ β=0 - Dr. GRPO | 32 | 2 |" in page
+    assert "| warm start | | 0.200 | 0.200 | 0.200 |" in page
+    assert f"| TBA′ | 32 | {0.1 + 0.15 / 4:.3f} | 0.500 | 1.000 |" in page  # pass@1 after: mean over the two seeds
