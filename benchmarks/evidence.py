@@ -11,8 +11,8 @@ narrow a study; each JSON's ``how`` records the command that made it, and ``cost
 CPU seconds of the processes it ran (``getrusage`` of reaped children: a lower bound).
 
 CPU cost on the project's 2-core machine: a run is ~8 min on one core (60 updates of 32 prompts x 8), so a grid of
-3 methods x 2 staleness levels x 5 seeds (30 runs) takes about 2 hours with ``--jobs 2``; a stress run (90 updates
-at s = 32) about 12 min.
+3 methods x 2 staleness levels x 5 seeds (30 runs) takes about 2 hours with ``--jobs 2``; a stress run (60 updates
+at s = 32, after 32 batches of warm-up generation) about 10 min.
 """
 
 import argparse
@@ -50,7 +50,7 @@ STUDIES = {
         "task": "arith20",
         "methods": ["tb_pg", "tb_pg_nokl", "drgrpo"],
         "staleness": [32],
-        "steps": 90,
+        "steps": 60,
         "eval_every": 10,
     },
 }
