@@ -1,13 +1,11 @@
-"""The evidence grid : TB, TBA′ and Dr. GRPO x staleness {0, 4, 10} x seeds {0, 1, 2} on the CPU recipe
-(tba_ext/tools/recipe.py), each run from the same warm start per seed. Hours on 2 cores.
+"""One compare grid: ``tba-ext compare`` with the grid's options, its JSON with how and where it was made.
 
-    python benchmarks/compare_grid.py [--seeds 0 1 2] [--staleness 0 4 10] [--steps 60]
+    python benchmarks/compare_grid.py [--task arith20] [--seeds 0 1 2] [--staleness 0 10] [--methods ...]
+    python benchmarks/compare_grid.py --merge a.json b.json ... --out OUT.json --run-dir DIR
 
-Runs on separate seeds can go in parallel processes (each with its own --run-dir and --out), then
-``--merge a.json b.json ...`` writes the grid's JSON, plots and table from them.
-
-Writes benchmarks/results/compare.json (per method and staleness: gain_mean, gain_sd, gain_ci95, n_seeds, ...),
-and the run folder's report.md with held-out accuracy vs updates and vs wall-clock (mean, 95 % band; PNG).
+benchmarks/evidence.py runs every study of the compare page through it, one process per seed, and merges them.
+Writes the JSON (per method and staleness: gain_mean, gain_sd, gain_ci95, n_seeds, ...; the seed-paired
+differences), and report.md with held-out accuracy vs updates and vs wall-clock (mean, 95 % band; PNG) in --run-dir.
 """
 
 import argparse
@@ -22,14 +20,14 @@ from tba_ext.tools.report import write_json
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--task", choices=list(TASK_RECIPES), default=FULL.task)
+    parser.add_argument("--task", choices=list(TASK_RECIPES), default=FULL.task)  # the quickstart's
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 10])
     parser.add_argument("--methods", nargs="+", default=list(COMPARED), choices=list(METHODS))
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--run-dir", default="benchmarks/results/compare_run")
-    parser.add_argument("--out", default="benchmarks/results/compare.json")
+    parser.add_argument("--out", default="benchmarks/results/compare_run/grid.json")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge these compare results instead of running")
     args = parser.parse_args()
     if args.merge:

@@ -4,7 +4,7 @@
                                   [--seeds 0 1 2 3 4] [--methods ...] [--staleness ...]
 
 Each study is ``tba-ext compare`` on one task. Its seeds run as separate processes, ``--jobs`` at a time, each in
-its own run folder under benchmarks/results/runs/ (ignored by git). They are merged into
+its own run folder under benchmarks/results/evidence_run/ (ignored by git). They are merged into
 benchmarks/results/compare_<study>.json, with report and plots in benchmarks/results/compare_<study>/, and
 docs/generate.py renders the compare page from those JSONs. ``--seeds``, ``--methods`` and ``--staleness``
 narrow a study; each JSON's ``how`` records the command that made it, and ``cost`` its wall-clock seconds and the
@@ -70,21 +70,22 @@ def seed_command(study: str, spec: dict, seed: int, part: str) -> list[str]:
         *spec["methods"],
         f"--steps={spec['steps']}",
         f"--eval-every={spec['eval_every']}",
-        f"--run-dir={RESULTS}/runs/{study}_seed{seed}",
+        f"--run-dir={RESULTS}/evidence_run/{study}_seed{seed}",
         f"--out={part}",
     ]
 
 
 def run_study(study: str, spec: dict, seeds: list[int], jobs: int) -> dict:
     """The study's seeds as parallel compare processes (``jobs`` at a time), merged into its JSON and plots."""
-    os.makedirs(f"{RESULTS}/runs", exist_ok=True)
+    os.makedirs(f"{RESULTS}/evidence_run", exist_ok=True)
+    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     parts, pending, running = [], list(seeds), []
     start = time.time()
     while pending or running:
         while pending and len(running) < jobs:
             seed = pending.pop(0)
-            part = f"{RESULTS}/runs/{study}_seed{seed}.json"
-            log = open(f"{RESULTS}/runs/{study}_seed{seed}.out", "w")
+            part = f"{RESULTS}/evidence_run/{study}_seed{seed}.json"
+            log = open(f"{RESULTS}/evidence_run/{study}_seed{seed}.out", "w")
             print(f"[{study}] seed {seed}: log {log.name}", flush=True)
             running.append((subprocess.Popen(seed_command(study, spec, seed, part), stdout=log, stderr=log), part))
         time.sleep(5)
@@ -96,8 +97,9 @@ def run_study(study: str, spec: dict, seeds: list[int], jobs: int) -> dict:
                 parts.append(part)
                 print(f"[{study}] {len(parts)}/{len(seeds)} seeds done ({time.time() - start:.0f}s)", flush=True)
     payload = merge(sorted(parts), f"{RESULTS}/compare_{study}", f"{RESULTS}/compare_{study}.json")
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    payload["cost"] = {"wall_s": time.time() - start, "cpu_s_reaped": usage.ru_utime + usage.ru_stime, "jobs": jobs}
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # cumulative over this process: this study's share
+    cpu = usage.ru_utime + usage.ru_stime - usage_before.ru_utime - usage_before.ru_stime
+    payload["cost"] = {"wall_s": time.time() - start, "cpu_s_reaped": cpu, "jobs": jobs}
     return payload
 
 

@@ -27,7 +27,10 @@ import sys
 import tokenize
 from pathlib import Path
 
+from tba_ext.tools.compare import compare_tables  # one renderer for compare's report.md and the docs
+
 ROOT = Path(__file__).resolve().parents[1]
+
 DOCS = ROOT / "docs"
 RESULTS = ROOT / "benchmarks" / "results"
 IMG = DOCS / "img"  # mirrors the plots of RESULTS that the pages embed
@@ -178,82 +181,6 @@ def provenance_line(doc: dict) -> str:
     if p.get("source"):
         text += f". {p['source']}"
     return f"*Made at {text}.*"
-
-
-def compare_table(doc: dict) -> str:
-    """A compare study: per method and staleness the gain over seeds; each method's seed-paired difference against
-    Dr. GRPO (and against TBA′ with beta = 0 where the study ran it); diversity after training beside the warm
-    start's."""
-    labels = doc.get("labels", {})
-    rows = [
-        "| method | s | n | greedy gain (mean +- sd) | 95 % interval | sampled gain (mean +- sd) "
-        "| kept (greedy, sampled) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for method, cells in doc["summary"].items():
-        for s in sorted(cells, key=int):
-            c = cells[s]
-            low, high = c["gain_mean"] - c["gain_ci95"], c["gain_mean"] + c["gain_ci95"]
-            kept = (
-                f"{100 * c['gain_kept']:.0f} %, {100 * c['sampled_gain_kept']:.0f} %"
-                if s != "0" and c.get("gain_kept") is not None and c.get("sampled_gain_kept") is not None
-                else ""
-            )
-            name = labels.get(method, method)
-            rows.append(
-                f"| {name} | {s} | {c['n_seeds']} | {c['gain_mean']:+.3f} +- {c['gain_sd']:.3f} | "
-                f"[{low:+.3f}, {high:+.3f}] | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} |"
-            )
-    for key, baseline in (("paired_vs_drgrpo", "Dr. GRPO"), ("paired_vs_tb_pg_nokl", "TBA′ β=0")):
-        if doc.get(key):
-            rows += ["", *paired_rows(doc[key], labels, baseline)]
-    return "\n".join(rows) + "\n" + diversity_table(doc)
-
-
-def paired_rows(paired: dict, labels: dict, baseline: str) -> list[str]:
-    rows = [
-        f"Paired by seed (same warm start and data order), greedy gain minus {baseline}'s, 95 % paired t-interval:",
-        "",
-        "| difference | s | n seeds | mean +- sd | 95 % interval | excludes 0 |",
-        "|---|---|---|---|---|---|",
-    ]
-    for method, cells in paired.items():
-        for s in sorted(cells, key=int):
-            c = cells[s]
-            low, high = c["mean"] - c["ci95"], c["mean"] + c["ci95"]
-            rows.append(
-                f"| {labels.get(method, method)} - {baseline} | {s} | {c['n_seeds']} | {c['mean']:+.3f} +- "
-                f"{c['sd']:.3f} | [{low:+.3f}, {high:+.3f}] | {'yes' if c['excludes_zero'] else 'no'} |"
-            )
-    return rows
-
-
-def diversity_table(doc: dict) -> str:
-    """pass@k of the 16 temperature-1 samples per held-out prompt and distinct right answers per prompt: the warm
-    start's (every method of a seed starts from it) and each method's after training, means over seeds."""
-    runs = [r for r in doc["runs"] if r.get("diversity_after")]
-    if not runs:
-        return ""
-    keys = list(runs[0]["diversity_after"])
-    head = " | ".join(k.replace("distinct_correct_per_prompt", "distinct right / prompt") for k in keys)
-    rows = [
-        "",
-        "Diversity on the held-out split, means over seeds:",
-        "",
-        f"| run | s | {head} |",
-        "|---|---|" + "---|" * len(keys),
-    ]
-    starts = {r["seed"]: r["diversity_before"] for r in runs}
-    rows.append(
-        "| warm start | | " + " | ".join(f"{sum(d[k] for d in starts.values()) / len(starts):.3f}" for k in keys) + " |"
-    )
-    labels = doc.get("labels", {})
-    for method, cells in doc["summary"].items():
-        for s in sorted(cells, key=int):
-            c = cells[s]
-            values = " | ".join(f"{c[k + '_after_mean']:.3f}" if k + "_after_mean" in c else "-" for k in keys)
-            rows.append(f"| {labels.get(method, method)} | {s} | {values} |")
-    return "\n".join(rows) + "\n"
 
 
 def goal_line(doc: dict, keys: dict[str, str]) -> str:
@@ -495,9 +422,9 @@ RENDERERS = {
         "benchmarks/quickstart_spread.py",
         quickstart_spread,
     ),
-    "compare_arith20": ("Paired grid on arith20: TBA′ against Dr. GRPO", "benchmarks/evidence.py", compare_table),
-    "compare_countdown": ("Paired grid on countdown: TBA′ against Dr. GRPO", "benchmarks/evidence.py", compare_table),
-    "compare_stress": ("Staleness stress: s = 32, with and without KL", "benchmarks/evidence.py", compare_table),
+    "compare_arith20": ("Paired grid on arith20: TBA′ against Dr. GRPO", "benchmarks/evidence.py", compare_tables),
+    "compare_countdown": ("Paired grid on countdown: TBA′ against Dr. GRPO", "benchmarks/evidence.py", compare_tables),
+    "compare_stress": ("Staleness stress: s = 32, with and without KL", "benchmarks/evidence.py", compare_tables),
     "e2e_margins": ("How close the e2e checks come to their bounds", "benchmarks/e2e_margins.py", e2e_margins),
     "cpu_overlap": ("What two cores give", "benchmarks/cpu_overlap.py", cpu_overlap),
     "gpu_smoke": ("One fused TB and TBA′ update on a GPU", "benchmarks/gpu_smoke.py", gpu_smoke),
@@ -563,7 +490,7 @@ def study_block(stem: str) -> str:
     doc = load_results().get(f"{stem}.json")
     if doc is None:
         return f"(not run yet: `python benchmarks/evidence.py --only {stem.removeprefix('compare_')}`)\n"
-    return compare_table(doc) + plots_of(stem)
+    return compare_tables(doc) + plots_of(stem)
 
 
 def soak_block(doc: dict | None) -> str:

@@ -295,7 +295,12 @@ def add_compare(sub) -> None:
     p.add_argument("--short", action="store_true", help="a shortened run (CI)")
     from tba_ext.tools.recipe import FULL, TASK_RECIPES
 
-    p.add_argument("--task", choices=list(TASK_RECIPES), default=FULL.task, help="the task every run trains on")
+    p.add_argument(
+        "--task",
+        choices=list(TASK_RECIPES),
+        default=None,
+        help=f"the task every run trains on (default: {FULL.task}; with --short: arith)",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument(
         "--staleness",

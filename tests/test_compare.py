@@ -41,7 +41,7 @@ def test_interval95_is_the_t_interval():
 
 
 @pytest.mark.e2e
-def test_compare_short_runs_every_method_from_one_start_and_summarises(tmp_path):
+def test_compare_short_runs_the_compared_methods_from_one_start_and_summarises(tmp_path):
     results = tmp_path / "compare.json"
     # on the second task (countdown): the reasoning-gym scorer inside verl's reward loop, the diversity of its
     # several right answers
@@ -167,10 +167,7 @@ def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_pat
 def test_a_stress_study_at_one_staleness_pairs_against_both_baselines_and_renders(tmp_path):
     """s = 32 only (no on-policy cell to keep a share of), TBA′ with and without KL and Dr. GRPO: the JSON pairs
     against Dr. GRPO and against TBA′ beta = 0, the plot is one panel, and the docs renderer takes it."""
-    import importlib.util
-    import pathlib
-
-    from tba_ext.tools.compare import merge
+    from tba_ext.tools.compare import compare_tables, merge
 
     gains = {"tb_pg": [0.10, 0.20], "tb_pg_nokl": [-0.10, 0.05], "drgrpo": [-0.20, -0.10]}
     part = _part(0, 0.0)
@@ -189,10 +186,8 @@ def test_a_stress_study_at_one_staleness_pairs_against_both_baselines_and_render
     assert doc["paired_vs_drgrpo"]["tb_pg_nokl"]["32"]["mean"] == pytest.approx((0.10 + 0.15) / 2)
     assert doc["summary"]["tb_pg"]["32"]["gain_kept"] is None  # no s = 0 cell
     assert (tmp_path / "stress" / "accuracy_vs_updates.png").stat().st_size > 10_000
-    spec = importlib.util.spec_from_file_location("generate", pathlib.Path(__file__).parents[1] / "docs/generate.py")
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
-    page = generate.compare_table(json.loads((tmp_path / "stress.json").read_text()))
+    page = compare_tables(json.loads((tmp_path / "stress.json").read_text()))
+    assert page in (tmp_path / "stress" / "report.md").read_text()  # the report and the docs: one renderer
     assert "| TBA′ - TBA′ β=0 | 32 | 2 |" in page and "| TBA′ β=0 - Dr. GRPO | 32 | 2 |" in page
     assert "| warm start | | 0.200 | 0.200 | 0.200 |" in page
     assert f"| TBA′ | 32 | {0.1 + 0.15 / 4:.3f} | 0.500 | 1.000 |" in page  # pass@1 after: mean over the two seeds

@@ -4,6 +4,8 @@ Against an independent eq. 5 at any policy (updates 2..k of a step included), an
 (verl's old-log-prob pass, the registered estimator, the registered loss) at theta = old.
 """
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -275,3 +277,22 @@ def test_the_reference_forward_in_the_update_marks_every_missing_row_and_as_many
     assert rows_to_mark([False] * 4, 2) == []
     with pytest.raises(RuntimeError, match="5 rows cannot be split over 2"):
         rows_to_mark([True] * 5, 2)
+
+
+def test_fused_tb_pg_without_kl_ignores_the_reference_and_is_the_limit_of_small_beta():
+    """TBA′ at beta = 0 (the stress study's arm): the advantage is r - r_bar, so the reference drops out, the loss and
+    its gradient are those of beta -> 0, and log Z (mean S / beta) is reported as NaN, not as an infinity."""
+    batch = group_batch(3, 4, 6, seed=11)
+    old, ref, rollout, mask, reward, groups = batch
+    theta = (old + 0.3).requires_grad_()
+    split = [list(range(len(groups)))]
+    zero, metrics = fused_loss(theta, batch, 0.0, "tb_pg", split)
+    (g_zero,) = torch.autograd.grad(zero, theta)
+    other_ref = (old, ref - 1.0, rollout, mask, reward, groups)
+    again, _ = fused_loss(theta, other_ref, 0.0, "tb_pg", split)
+    (g_again,) = torch.autograd.grad(again, theta)
+    assert torch.isfinite(zero) and torch.equal(zero, again) and torch.equal(g_zero, g_again)
+    tiny, _ = fused_loss(theta, batch, 1e-9, "tb_pg", split)
+    (g_tiny,) = torch.autograd.grad(tiny, theta)
+    assert torch.allclose(zero, tiny, atol=1e-6) and torch.allclose(g_zero, g_tiny, atol=1e-6)
+    assert math.isnan(float(metrics[0]["tb/log_z"].values[0]))

@@ -335,9 +335,14 @@ def test_countdown_holds_out_problems_and_grades_any_right_expression_with_reaso
         assert compute_score("tba_ext/countdown", p["expression"] + "<|im_end|>", truth) == 1.0
     truth = json.dumps({"numbers": [6, 4, 8], "target": 8})
     right = ["4*(8-6)", "(8-6)*4", " 4 * (8 - 6) "]  # several right answers: what distinct-correct counts
-    wrong = ["8", "8*4/4", "6+4-2", "4*(8-6)+0", "4*(8-6", "(8-6)**2*4/8+6-6", "x", ""]
+    wrong = ["8", "8*4/4", "6+4-2", "4*(8-6)+0", "4*(8-6", "x", ""]
     assert [compute_score("tba_ext/countdown", a, truth) for a in right] == [1.0] * 3
     assert [compute_score("tba_ext/countdown", a, truth) for a in wrong] == [0.0] * len(wrong)
+    # right numbers and value, but through an operator countdown does not have: reasoning-gym's scorer alone gives 1
+    for answer, numbers, target in [("9+7//2", [9, 7, 2], 12), ("3**2*1", [3, 2, 1], 9)]:
+        truth = json.dumps({"numbers": numbers, "target": target})
+        assert countdown._scorer().score_answer(answer, {"metadata": json.loads(truth)}) == 1.0
+        assert compute_score("tba_ext/countdown", answer, truth) == 0.0
 
 
 def test_prepare_countdown_writes_verl_parquet_its_rule_reward_scores(tmp_path):

@@ -16,9 +16,11 @@ DATA_SOURCE = "tba_ext/countdown"
 CONFIG = {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 9, "min_target": 10, "max_target": 40}
 TEST_SEED_OFFSET = 1_000_003  # the test pool is drawn from another seed than the training pool
 HELD_OUT_SHARE = 5  # one (numbers, target) problem in 5 is asked only by the test split
-# what an answer may contain before it reaches sympy: digits, operators, brackets, spaces; "**" (power) is refused
-# so a sampled "9**9**9" cannot stall the reward loop
+# what an answer may contain before it reaches sympy: digits, operators, brackets, spaces
 ANSWER_CHARS = re.compile(r"[0-9+\-*/() ]+")
+# refused before sympy sees them: "**" (a power: "9**9**9" would stall the reward loop) and "//" (floor division,
+# which sympy reads as such and which would make "9+7//2" a right way to 12); countdown has + - * / only
+DOUBLE_OPERATOR = re.compile(r"[*/]{2}")
 
 
 def _key(numbers, target) -> str:
@@ -98,7 +100,7 @@ def countdown_score(solution_str: str, ground_truth: str) -> float:
     """1.0 when the response is an expression that uses exactly the given numbers and equals the target
     (reasoning-gym's scorer gives 1.0 only then), else 0.0."""
     answer = solution_str.replace("<|im_end|>", "").strip()
-    if not ANSWER_CHARS.fullmatch(answer) or "**" in answer:
+    if not ANSWER_CHARS.fullmatch(answer) or DOUBLE_OPERATOR.search(answer):
         return 0.0
     truth = json.loads(ground_truth)
     entry = {"metadata": {"numbers": truth["numbers"], "target": truth["target"]}}

@@ -123,10 +123,6 @@ def _method_order(method: str) -> int:
     return list(METHODS).index(method) if method in METHODS else len(METHODS)
 
 
-def _share(value) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
 def _band_plot(curves: dict, path: str, x: str) -> None:
     """Held-out greedy accuracy gain over each seed's warm start vs updates (or wall-clock), mean over seeds with a
     95 % band: one panel per method and one line per staleness, or, for a single staleness (the stress study), one
@@ -304,9 +300,9 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
 
 
 def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict:
-    """Summary, JSON, band plots (vs updates and vs wall-clock) and the markdown table of a compare grid."""
-    summary = payload["summary"] = summarise(payload["runs"])
-    paired = payload["paired_vs_drgrpo"] = paired_differences(payload["runs"])
+    """Summary, paired differences, JSON, band plots (vs updates and vs wall-clock) and report.md of a compare run."""
+    payload["summary"] = summarise(payload["runs"])
+    payload["paired_vs_drgrpo"] = paired_differences(payload["runs"])
     if any(r["method"] == "tb_pg_nokl" for r in payload["runs"]):  # the stress study: what the KL term adds
         payload["paired_vs_tb_pg_nokl"] = paired_differences(payload["runs"], baseline="tb_pg_nokl")
     _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_updates.png", "step")
@@ -314,52 +310,96 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
     report.write_json(payload, f"{run_dir}/compare.json")
     if results_path:
         report.write_json(payload, results_path)
-    rows = [
-        {
-            "method": label(m),
-            "staleness": s,
-            "n": v["n_seeds"],
-            "held-out gain (mean +- sd)": f"{v['gain_mean']:+.3f} +- {v['gain_sd']:.3f}",
-            "95% interval": f"[{v['gain_mean'] - v['gain_ci95']:+.3f}, {v['gain_mean'] + v['gain_ci95']:+.3f}]",
-            "sampled gain (mean +- sd)": f"{v['sampled_gain_mean']:+.3f} +- {v['sampled_gain_sd']:.3f}",
-            "s = 0 gain kept (greedy, sampled)": f"{_share(v['gain_kept'])}, {_share(v['sampled_gain_kept'])}",
-            "pass@1 / pass@8 after": f"{v['pass@1_after_mean']:.3f} / {v['pass@8_after_mean']:.3f}"
-            if "pass@8_after_mean" in v
-            else "-",
-            "wall s": f"{v['wall_s_mean']:.0f}",
-        }
-        for m, by_s in sorted(summary.items(), key=lambda kv: _method_order(kv[0]))
-        for s, v in sorted(by_s.items(), key=lambda kv: int(kv[0]))
-    ]
-    table = report.md_table(rows, list(rows[0]))
-    paired_rows = [
-        {
-            "difference": f"{label(m)} - Dr. GRPO",
-            "staleness": s,
-            "n (paired seeds)": v["n_seeds"],
-            "greedy gain difference (mean +- sd)": f"{v['mean']:+.3f} +- {v['sd']:.3f}",
-            "95% paired t-interval": f"[{v['mean'] - v['ci95']:+.3f}, {v['mean'] + v['ci95']:+.3f}]",
-            "excludes 0": "yes" if v["excludes_zero"] else "no",
-        }
-        for m, by_s in sorted(paired.items(), key=lambda kv: _method_order(kv[0]))
-        for s, v in sorted(by_s.items(), key=lambda kv: int(kv[0]))
-    ]
-    paired_table = report.md_table(paired_rows, list(paired_rows[0])) if paired_rows else "(no paired runs)"
+    tables = compare_tables(payload)
+    task = payload["recipe"].get("task", "")
     with open(f"{run_dir}/report.md", "w") as f:
         f.write(
-            "# TB vs TBA′ vs Dr. GRPO (CPU)\n\nIdentical model, warm start, data and seeds; staleness s bounds "
-            "all off-policy data (s = 0: on-policy). Gain = held-out accuracy after - before: greedy, and sampled "
-            f"(mean reward of {EVAL_SAMPLES} temperature-1 samples per prompt).\n\n"
-            + table
-            + "\n\nPaired by seed (same warm start and data order): difference in held-out greedy gain against "
-            "Dr. GRPO, with a 95 % paired t-interval over seeds.\n\n"
-            + paired_table
-            + "\n\n![vs updates](accuracy_vs_updates.png)\n\n![vs time](accuracy_vs_time.png)\n"
+            f"# {', '.join(label(m) for m in payload['methods'])} on {task} (CPU)\n\nIdentical model, warm start, "
+            "data and seeds; staleness s bounds all off-policy data (s = 0: on-policy). Gain = held-out accuracy "
+            "after - before: greedy, and sampled (mean reward of "
+            f"{EVAL_SAMPLES} temperature-1 samples per prompt).\n\n"
+            + tables
+            + "\n![vs updates](accuracy_vs_updates.png)\n\n![vs time](accuracy_vs_time.png)\n"
         )
-    print(table)
-    print(paired_table)
+    print(tables)
     print(f"report: {run_dir}/report.md")
     return payload
+
+
+def compare_tables(doc: dict) -> str:
+    """A compare study's tables in markdown (its report.md and the docs): per method and staleness the gain over
+    seeds; each method's seed-paired difference against Dr. GRPO (and against TBA′ with beta = 0 where the study ran
+    it); diversity after training beside the warm start's."""
+    labels = doc.get("labels", {})
+    rows = [
+        "| method | s | n | greedy gain (mean +- sd) | 95 % interval | sampled gain (mean +- sd) "
+        "| kept (greedy, sampled) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method, cells in doc["summary"].items():
+        for s in sorted(cells, key=int):
+            c = cells[s]
+            low, high = c["gain_mean"] - c["gain_ci95"], c["gain_mean"] + c["gain_ci95"]
+            kept = (
+                f"{100 * c['gain_kept']:.0f} %, {100 * c['sampled_gain_kept']:.0f} %"
+                if s != "0" and c.get("gain_kept") is not None and c.get("sampled_gain_kept") is not None
+                else ""
+            )
+            name = labels.get(method, method)
+            rows.append(
+                f"| {name} | {s} | {c['n_seeds']} | {c['gain_mean']:+.3f} +- {c['gain_sd']:.3f} | "
+                f"[{low:+.3f}, {high:+.3f}] | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} |"
+            )
+    for key, baseline in (("paired_vs_drgrpo", "Dr. GRPO"), ("paired_vs_tb_pg_nokl", "TBA′ β=0")):
+        if doc.get(key):
+            rows += ["", *_paired_rows(doc[key], labels, baseline)]
+    return "\n".join(rows) + "\n" + _diversity_table(doc)
+
+
+def _paired_rows(paired: dict, labels: dict, baseline: str) -> list[str]:
+    rows = [
+        f"Paired by seed (same warm start and data order), greedy gain minus {baseline}'s, 95 % paired t-interval:",
+        "",
+        "| difference | s | n seeds | mean +- sd | 95 % interval | excludes 0 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method, cells in paired.items():
+        for s in sorted(cells, key=int):
+            c = cells[s]
+            low, high = c["mean"] - c["ci95"], c["mean"] + c["ci95"]
+            rows.append(
+                f"| {labels.get(method, method)} - {baseline} | {s} | {c['n_seeds']} | {c['mean']:+.3f} +- "
+                f"{c['sd']:.3f} | [{low:+.3f}, {high:+.3f}] | {'yes' if c['excludes_zero'] else 'no'} |"
+            )
+    return rows
+
+
+def _diversity_table(doc: dict) -> str:
+    """pass@k of the 16 temperature-1 samples per held-out prompt and distinct right answers per prompt: the warm
+    start's (every method of a seed starts from it) and each method's after training, means over seeds."""
+    runs = [r for r in doc["runs"] if r.get("diversity_after")]
+    if not runs:
+        return ""
+    keys = list(runs[0]["diversity_after"])
+    head = " | ".join(k.replace("distinct_correct_per_prompt", "distinct right / prompt") for k in keys)
+    rows = [
+        "",
+        "Diversity on the held-out split, means over seeds:",
+        "",
+        f"| run | s | {head} |",
+        "|---|---|" + "---|" * len(keys),
+    ]
+    starts = {r["seed"]: r["diversity_before"] for r in runs}
+    rows.append(
+        "| warm start | | " + " | ".join(f"{sum(d[k] for d in starts.values()) / len(starts):.3f}" for k in keys) + " |"
+    )
+    labels = doc.get("labels", {})
+    for method, cells in doc["summary"].items():
+        for s in sorted(cells, key=int):
+            c = cells[s]
+            values = " | ".join(f"{c[k + '_after_mean']:.3f}" if k + "_after_mean" in c else "-" for k in keys)
+            rows.append(f"| {labels.get(method, method)} | {s} | {values} |")
+    return "\n".join(rows) + "\n"
 
 
 def _mean(values):

@@ -71,11 +71,12 @@ TASK_RECIPES = {"arith20": FULL, "countdown": replace(FULL, task="countdown", sf
 
 
 def recipe_for(task: str | None, short: bool = False) -> Recipe:
-    """The compare recipe of ``task`` (default: the quickstart's), or CI's plumbing recipe on it with ``short``."""
+    """The compare recipe of ``task`` (default: the quickstart's), or CI's plumbing recipe with ``short`` (its tiny
+    model on arith unless a task is named)."""
     if task is not None and task not in TASK_RECIPES:
         raise ValueError(f"--task: compare runs {sorted(TASK_RECIPES)}, got {task!r}")
     if short:
-        return SHORT if task in (None, "arith20") else replace(SHORT, task=task)
+        return SHORT if task is None else replace(SHORT, task=task)
     return TASK_RECIPES[task or FULL.task]
 
 
