@@ -73,6 +73,9 @@ def summarise(results: list[dict]) -> dict:
                 "accuracy_after_mean": float(np.mean([r["accuracy_after"] for r in rows])),
                 **_diversity_means(rows),
                 "wall_s_mean": float(np.mean([r["wall_s"] for r in rows])),
+                # how stale the trained samples were (verl's staleness metric, mean over updates and seeds): the
+                # methods at one s must train on equally stale data for the comparison to hold
+                "mean_staleness": _mean([r["mean_staleness"] for r in rows if r.get("mean_staleness") is not None]),
             }
     for by_s in summary.values():  # issue 14's goal: how much of its on-policy gain a method keeps off-policy
         on_policy = by_s.get("0")
@@ -333,8 +336,8 @@ def compare_tables(doc: dict) -> str:
     labels = doc.get("labels", {})
     rows = [
         "| method | s | n | greedy gain (mean +- sd) | 95 % interval | sampled gain (mean +- sd) "
-        "| kept (greedy, sampled) |",
-        "|---|---|---|---|---|---|---|",
+        "| kept (greedy, sampled) | staleness trained on |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for method, cells in doc["summary"].items():
         for s in sorted(cells, key=int):
@@ -348,7 +351,9 @@ def compare_tables(doc: dict) -> str:
             name = labels.get(method, method)
             rows.append(
                 f"| {name} | {s} | {c['n_seeds']} | {c['gain_mean']:+.3f} +- {c['gain_sd']:.3f} | "
-                f"[{low:+.3f}, {high:+.3f}] | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} |"
+                f"[{low:+.3f}, {high:+.3f}] | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} | "
+                + ("" if c.get("mean_staleness") is None else f"{c['mean_staleness']:.1f}")
+                + " |"
             )
     for key, baseline in (("paired_vs_drgrpo", "Dr. GRPO"), ("paired_vs_tb_pg_nokl", "TBA′ β=0")):
         if doc.get(key):
