@@ -342,7 +342,7 @@ def compare_tables(doc: dict) -> str:
     for method, cells in doc["summary"].items():
         for s in sorted(cells, key=int):
             c = cells[s]
-            low, high = c["gain_mean"] - c["gain_ci95"], c["gain_mean"] + c["gain_ci95"]
+            interval = _interval(c["gain_mean"], c["gain_ci95"], c["n_seeds"])
             kept = (
                 f"{100 * c['gain_kept']:.0f} %, {100 * c['sampled_gain_kept']:.0f} %"
                 if s != "0" and c.get("gain_kept") is not None and c.get("sampled_gain_kept") is not None
@@ -351,7 +351,7 @@ def compare_tables(doc: dict) -> str:
             name = labels.get(method, method)
             rows.append(
                 f"| {name} | {s} | {c['n_seeds']} | {c['gain_mean']:+.3f} +- {c['gain_sd']:.3f} | "
-                f"[{low:+.3f}, {high:+.3f}] | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} | "
+                f"{interval} | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} | "
                 + ("" if c.get("mean_staleness") is None else f"{c['mean_staleness']:.1f}")
                 + " |"
             )
@@ -371,10 +371,10 @@ def _paired_rows(paired: dict, labels: dict, baseline: str) -> list[str]:
     for method, cells in paired.items():
         for s in sorted(cells, key=int):
             c = cells[s]
-            low, high = c["mean"] - c["ci95"], c["mean"] + c["ci95"]
             rows.append(
                 f"| {labels.get(method, method)} - {baseline} | {s} | {c['n_seeds']} | {c['mean']:+.3f} +- "
-                f"{c['sd']:.3f} | [{low:+.3f}, {high:+.3f}] | {'yes' if c['excludes_zero'] else 'no'} |"
+                f"{c['sd']:.3f} | {_interval(c['mean'], c['ci95'], c['n_seeds'])} | "
+                f"{'yes' if c['excludes_zero'] else 'no'} |"
             )
     return rows
 
@@ -405,6 +405,10 @@ def _diversity_table(doc: dict) -> str:
             values = " | ".join(f"{c[k + '_after_mean']:.3f}" if k + "_after_mean" in c else "-" for k in keys)
             rows.append(f"| {labels.get(method, method)} | {s} | {values} |")
     return "\n".join(rows) + "\n"
+
+
+def _interval(mean: float, half: float, n: int) -> str:
+    return f"[{mean - half:+.3f}, {mean + half:+.3f}]" if n > 1 else "- (one seed)"
 
 
 def _mean(values):
