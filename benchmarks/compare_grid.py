@@ -13,6 +13,7 @@ import sys
 
 from common import provenance
 
+from tba_ext.cli import staleness_arg
 from tba_ext.tools.compare import compare, merge
 from tba_ext.tools.recipe import COMPARED, FULL, METHODS, TASK_RECIPES
 from tba_ext.tools.report import write_json
@@ -22,7 +23,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--task", choices=list(TASK_RECIPES), default=FULL.task)  # the quickstart's
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 4, 10])
+    parser.add_argument("--staleness", type=staleness_arg, nargs="+", default=[0, 4, 10])  # ints or mix
     parser.add_argument("--methods", nargs="+", default=list(COMPARED), choices=list(METHODS))
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--eval-every", type=int, default=20)

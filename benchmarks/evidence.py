@@ -12,7 +12,7 @@ CPU seconds of the processes it ran (``getrusage`` of reaped children: a lower b
 
 CPU cost on the project's 2-core machine: a run is ~8 min on one core (60 updates of 32 prompts x 8), so a grid of
 3 methods x 2 staleness levels x 5 seeds (30 runs) takes about 2 hours with ``--jobs 2``; a stress run (60 updates
-at s = 32, after 32 batches of warm-up generation) about 10 min.
+at s = 32 after 32 batches of warm-up generation, or mixed after a 12-batch initial buffer) 10-15 min.
 """
 
 import argparse
@@ -25,6 +25,7 @@ import time
 
 from common import provenance
 
+from tba_ext.cli import staleness_arg
 from tba_ext.tools.compare import merge
 from tba_ext.tools.report import read_json, write_json
 
@@ -46,10 +47,10 @@ STUDIES = {
         "steps": 40,
         "eval_every": 10,
     },
-    "stress": {
+    "stress": {  # s = 32, and batches mixing staleness 1, 4, 10 and 32 (recipe.STALENESS_MIX)
         "task": "arith20",
         "methods": ["tb_pg", "tb_pg_nokl", "drgrpo"],
-        "staleness": [32],
+        "staleness": [32, "mix"],
         "steps": 60,
         "eval_every": 10,
     },
@@ -109,14 +110,18 @@ def main():
     parser.add_argument("--jobs", type=int, default=2, help="compare processes at a time (one core each)")
     parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
     parser.add_argument("--methods", nargs="+", default=None, help="narrow every study to these methods")
-    parser.add_argument("--staleness", type=int, nargs="+", default=None, help="narrow the grids to these levels")
+    parser.add_argument(
+        "--staleness", type=staleness_arg, nargs="+", default=None, help="narrow every study to these levels"
+    )
     args = parser.parse_args()
     for study in args.only:
         spec = dict(STUDIES[study])
         if args.methods:
             spec["methods"] = [m for m in spec["methods"] if m in args.methods]
-        if args.staleness and study != "stress":
-            spec["staleness"] = args.staleness
+        if args.staleness:
+            spec["staleness"] = [s for s in spec["staleness"] if s in args.staleness]
+        if not spec["staleness"] or not spec["methods"]:
+            continue  # narrowed to nothing
         payload = run_study(study, spec, args.seeds, args.jobs)
         payload["how"] = "benchmarks/evidence.py " + " ".join(sys.argv[1:])
         payload["provenance"] = provenance()

@@ -127,7 +127,8 @@ def cli_reference() -> str:
 
 COMPARE_CAPTION = (
     "Held-out greedy accuracy minus the warm start's against optimizer updates (one panel per method and a line per "
-    "staleness s, or one panel with a line per method for a single s): mean over seeds with a 95 % band."
+    "staleness s; for the stress study one panel per staleness, mixed included, and a line per method): mean over "
+    "seeds with a 95 % band."
 )
 
 

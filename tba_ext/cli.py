@@ -289,6 +289,16 @@ def add_quickstart(sub) -> None:
     p.set_defaults(fn=cmd_quickstart)
 
 
+def staleness_arg(value: str):
+    """``--staleness`` values: ints >= 0 or ``mix``, refused with argparse's usage message."""
+    from tba_ext.tools.recipe import staleness_level
+
+    try:
+        return staleness_level(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_compare(sub) -> None:
     p = sub.add_parser("compare", help="TB vs TBA′ vs Dr. GRPO on identical model, data and seeds over staleness")
     p.add_argument("--run-dir", default="tba_compare")
@@ -304,10 +314,11 @@ def add_compare(sub) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument(
         "--staleness",
-        type=int,
+        type=staleness_arg,
         nargs="+",
         default=[0, 4, 10],
-        help="bounds all off-policy data: 0 = on-policy; s = generation s batches ahead, replay <= s",
+        help="bounds all off-policy data: 0 = on-policy; s = generation s batches ahead, replay <= s; mix = "
+        "batches mixing staleness 1, 4, 10 and 32, each group once, for every method",
     )
     from tba_ext.tools.recipe import COMPARED, METHODS
 

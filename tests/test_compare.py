@@ -9,19 +9,27 @@ from omegaconf import OmegaConf
 from tba_ext.adapters.checks import check_replay_run, check_tb_run
 from tba_ext.tools.compare import compare, interval95
 from tba_ext.tools.config import compose
-from tba_ext.tools.recipe import COMPARED, METHODS, method_overrides
+from tba_ext.tools.recipe import COMPARED, METHODS, MIXED, STALENESS_MIX, method_overrides
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-@pytest.mark.parametrize("staleness", [0, 4])
+@pytest.mark.parametrize("staleness", [0, 4, MIXED])
 def test_staleness_bounds_every_source_of_off_policy_data(method, staleness):
     cfg = OmegaConf.to_container(
-        compose(METHODS[method].config, ["run_dir=/nonexistent", *method_overrides(method, staleness, 0.95)]),
+        compose(METHODS[method].config, ["run_dir=/nonexistent", *method_overrides(method, staleness, 0.95, 32)]),
         resolve=True,
     )
     check_tb_run(cfg)
     v1 = cfg["trainer"]["v1"]
     replay = check_replay_run(cfg)
+    if staleness == MIXED:  # every method, Dr. GRPO too, trains from the store's mixed batches, each group once
+        assert v1["trainer_mode"].endswith("colocate_async") and replay is not None
+        assert replay.staleness_mix == list(STALENESS_MIX) and replay.max_staleness == max(STALENESS_MIX)
+        # a batch of fresh groups per update, after an initial buffer of (1 + mean level) batches = 12.75 x 32
+        assert replay.min_fresh_groups == 32 and replay.min_buffer_groups == 408
+        assert v1["colocate_async"]["num_warmup_batches"] * 32 >= 408
+        assert (cfg["algorithm"]["kl_ctrl"]["kl_coef"] == 0.0) == (method == "tb_pg_nokl")
+        return
     if staleness == 0:  # on-policy for every method: sync trainer, and fresh groups only
         assert v1["trainer_mode"] in ("sync", "tba_sync")
         assert replay is None or (replay.recency_prob == 1.0 and replay.max_staleness == 0)
@@ -191,3 +199,18 @@ def test_a_stress_study_at_one_staleness_pairs_against_both_baselines_and_render
     assert "| TBA′ - TBA′ β=0 | 32 | 2 |" in page and "| TBA′ β=0 - Dr. GRPO | 32 | 2 |" in page
     assert "| warm start | | 0.200 | 0.200 | 0.200 |" in page
     assert f"| TBA′ | 32 | {0.1 + 0.15 / 4:.3f} | 0.500 | 1.000 |" in page  # pass@1 after: mean over the two seeds
+
+    # the mixed-staleness arm, run in its own process, joins the study as its last level, paired within it
+    mixed = {**part, "staleness": [MIXED], "runs": [], "curves": {}}
+    for run in part["runs"]:
+        mixed["runs"].append(run | {"staleness": MIXED, "accuracy_after": run["accuracy_after"] + 0.01})
+        mixed["curves"].setdefault(f"{run['method']} s={MIXED}", []).append(
+            _part(run["seed"], 0.1)["curves"]["tb s=0"][0]
+        )
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed))
+    doc = merge([str(tmp_path / "mixed.json"), str(tmp_path / "part.json")], str(tmp_path / "both"))
+    assert doc["staleness"] == [32, MIXED]
+    assert doc["paired_vs_tb_pg_nokl"]["tb_pg"][MIXED]["mean"] == pytest.approx(kl["mean"])
+    page = compare_tables(doc)
+    assert page.index("| TBA′ | 32 |") < page.index(f"| TBA′ | {MIXED} |")
+    assert (tmp_path / "both" / "accuracy_vs_updates.png").stat().st_size > 10_000

@@ -14,6 +14,7 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from tba_ext.adapters.checks import check_planned_steps, planned_epochs
 from tba_ext.adapters.decoupled import TBATrainerSeparateAsync
 from tba_ext.adapters.trainer import TBATrainerSync
+from tba_ext.core.settings import REPLAY_SAMPLER_NAME
 from tba_ext.core.steps import verl_dataloader_fetch
 from tba_ext.tasks.data import corpus_for, write_task
 from tba_ext.tools.config import compose
@@ -124,6 +125,15 @@ def plan(mode="tba_separate_async", steps=500, epochs=30, batch=1280, gen=None):
     }
 
 
+def replay_plan(**sampler_kwargs):
+    cfg = plan(mode="colocate_async", steps=60, epochs=1, batch=32)
+    cfg["trainer"]["v1"]["sampler"] = {
+        "custom_sampler": {"name": REPLAY_SAMPLER_NAME},
+        "sampler_kwargs": sampler_kwargs,
+    }
+    return cfg
+
+
 @pytest.mark.parametrize(
     "rows, cfg, expected",
     [
@@ -149,6 +159,8 @@ def test_the_planned_epochs_cover_the_planned_steps(rows, cfg, expected):
         (1000, plan(steps=None), ["trainer.total_training_steps is null", "data.train_batch_size=1280"]),
         (1000, plan(mode="colocate_async"), ["trainer_mode=colocate_async (verl's own)", "data.train_batch_size=1280"]),
         (2000, plan(mode="sync"), ["trainer.total_epochs=30 x 1 global steps", "set trainer.total_epochs=500"]),
+        # the mixed-staleness arm's initial buffer counts distinct prompts: 408 can never come from 256 rows
+        (256, replay_plan(min_buffer_groups=408), ["min_buffer_groups=408", "256 training prompts"]),
     ],
 )
 def test_a_plan_that_cannot_run_is_refused_before_ray_naming_the_keys(rows, cfg, named):

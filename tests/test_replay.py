@@ -375,6 +375,62 @@ def test_out_of_range_knobs_name_the_key(key, value):
         parse_replay_settings({key: value}, "trainer.v1.sampler.sampler_kwargs.")
 
 
+@pytest.mark.parametrize(
+    "knobs, named",
+    [
+        ({"staleness_mix": []}, "staleness_mix"),
+        ({"staleness_mix": [1, -4]}, "staleness_mix"),
+        ({"staleness_mix": [1, "4"]}, "staleness_mix must be a list of ints or null"),
+        ({"staleness_mix": [1, 4, 10, 32], "max_staleness": 10}, "max_staleness must be >= the largest"),
+        ({"staleness_mix": [1, 4], "max_replays": 2}, "max_replays must be 1 or null"),
+    ],
+)
+def test_a_staleness_mix_the_store_cannot_serve_is_refused_naming_the_key(knobs, named):
+    with pytest.raises(ValueError, match=f"trainer.v1.sampler.sampler_kwargs.{named}"):
+        parse_replay_settings(knobs, "trainer.v1.sampler.sampler_kwargs.")
+
+
+def test_a_mixed_staleness_batch_serves_each_level_evenly_and_each_group_once():
+    """tba-prime's mixed batch, levels {1, 4, 10, 32}, fed as compare's mixed arm feeds it: an initial buffer of
+    (1 + mean level) batches at version 0, then one fresh batch per update. From update 32 on every batch holds
+    B / 4 groups at each level exactly (before that the top level takes the oldest groups, staleness = the
+    update); no trajectory is served twice, none goes stale unserved, and B distinct prompts per batch."""
+    levels, batch, k = [1, 4, 10, 32], 32, 4
+    store = TrajectoryStore(100, 100_000)
+    sampler = ReplaySampler(store, ReplaySettings(staleness_mix=levels, max_staleness=32, seed=3))
+
+    def generate(version, prompts):
+        for p in range(prompts):
+            for j in range(k):
+                store.admit(Trajectory(f"v{version}p{p}", [version, p, j], float(j % 2), version))
+
+    generate(0, math.ceil((1 + sum(levels) / len(levels)) * batch))
+    served = set()
+    for update in range(100):
+        if update:
+            generate(update, batch)
+        report = sampler.sample_groups(batch, k, update)
+        assert not report.missing and len({g.prompt_key for g in report.groups}) == batch
+        assert all(g.branch == "mix" and len(g.trajectories) == k for g in report.groups)
+        staleness = sorted(update - min(t.version for t in g.trajectories) for g in report.groups)
+        if update >= 32:
+            assert staleness == sorted(levels * (batch // len(levels))), update
+        elif update >= 10:
+            assert staleness == sorted([1, 4, 10, update] * (batch // len(levels))), update
+        for g in report.groups:
+            for t in g.trajectories:
+                assert (t.prompt_key, t.order) not in served  # each group once
+                served.add((t.prompt_key, t.order))
+                assert store.prompt(t.prompt_key) is None  # it left the store with its draw
+    assert store.stats.evicted_stale == 0 and store.stats.evicted_replayed == len(served)
+    # a store holding fewer than B prompts serves nothing: the caller waits for generation
+    small = TrajectoryStore(100, 1000)
+    for p in range(3):
+        small.admit(Trajectory(f"p{p}", [p], 1.0, 0))
+    report = ReplaySampler(small, ReplaySettings(staleness_mix=levels)).sample_groups(4, 1, 5)
+    assert report.missing == 1 and not report.groups and len(small) == 3
+
+
 def test_unknown_knob_is_refused():
     with pytest.raises(ValueError, match="sampler_kwargs.recency_probability"):
         parse_replay_settings({"recency_probability": 0.5}, "trainer.v1.sampler.sampler_kwargs.")

@@ -426,6 +426,13 @@ def check_planned_steps(cfg: Mapping[str, Any], rows: int, rows_from: str = "dat
     loop would divide by zero or cut short of ``trainer.total_training_steps``. ``rows_from`` names the rows."""
     per_epoch, epochs = planned_epochs(cfg, rows, rows_from)
     trainer = cfg["trainer"]
+    if uses_replay_sampler(cfg):
+        min_buffer = (trainer["v1"]["sampler"].get("sampler_kwargs") or {}).get("min_buffer_groups")
+        if isinstance(min_buffer, int) and min_buffer > rows:  # the store counts distinct prompts
+            raise ValueError(
+                f"{SAMPLER_KWARGS}min_buffer_groups={min_buffer} distinct prompts can never be stored from {rows} "
+                f"training prompts ({rows_from}): lower it or give more prompts"
+            )
     mode = str(trainer["v1"].get("trainer_mode", "sync"))
     if mode.startswith("tba_"):
         return

@@ -28,6 +28,10 @@ A prompt appears at most once per batch unless the store holds fewer distinct pr
 ``SampleReport.repeated``); with ``distinct`` (the decoupled trainer) such a store serves no batch until it
 holds B. K draws are without replacement unless the prompt holds fewer than K.
 Trajectories staler than ``max_staleness`` can never be drawn again, so they leave the store.
+With ``staleness_mix`` (levels, e.g. tba-prime's {1, 4, 10, 32}) a batch mixes staleness by design instead:
+slot i takes the stored prompt whose group is nearest staleness ``levels[i % len(levels)]`` (``sample_mixed``),
+and each group is served once. Fed a batch per update, a group generated at update u then serves once at one of
+the levels, so every method sees the same data at the same staleness (the stress comparison's mixed arm).
 """
 
 from __future__ import annotations
@@ -199,7 +203,7 @@ class StoreStats:
 class SampledGroup:
     prompt_key: Hashable
     trajectories: list[Trajectory]
-    branch: str  # "recency" or "replay"
+    branch: str  # "recency", "replay" or "mix"
     payload: Any = None  # the prompt's shared payload (kept even if the drawn trajectories leave the store)
 
 
@@ -650,6 +654,8 @@ class ReplaySampler:
         s = self.settings
         if s.max_staleness is not None:
             self.store.stats.evicted_stale += self.store.evict_older_than(current_version - s.max_staleness)
+        if s.staleness_mix:
+            return self.sample_mixed(batch_size, k, current_version)
         report = SampleReport(groups=[])
         if not len(self.store) or (distinct and self.store.num_prompts < batch_size):
             report.missing = batch_size - self.store.num_prompts
@@ -698,6 +704,39 @@ class ReplaySampler:
         if not report.missing:  # a batch with holes is not used: the caller waits and samples again
             report.unseen = sum(all(t.draws == 0 for t in g.trajectories) for g in report.groups)
             self._count_draws(report.groups)
+        return report
+
+    def sample_mixed(self, batch_size: int, k: int, current_version: int) -> SampleReport:
+        """A mixed-staleness batch of B distinct prompts, or nothing while fewer are stored (``missing``). Slot i
+        asks for staleness d = ``staleness_mix[i % len]``; it takes a prompt, chosen at random, of the stored
+        group staleness nearest d (the older on a tie), where a group's staleness is that of its oldest
+        trajectory. Its K trajectories are served once: they leave the store (ledger rule ``max_replays``).
+        Until the store reaches back d updates (the run's first d), slots of level d take the oldest groups."""
+        levels = self.settings.staleness_mix
+        by_staleness: dict[int, list] = {}
+        for key in self.store.prompt_keys():
+            oldest = self.store.prompt(key).items[0].version
+            by_staleness.setdefault(current_version - oldest, []).append(key)
+        report = SampleReport(groups=[])
+        if self.store.num_prompts < batch_size:
+            report.missing = batch_size - self.store.num_prompts
+            return report
+        for slot in range(batch_size):
+            target = levels[slot % len(levels)]
+            staleness = min(by_staleness, key=lambda d: (abs(d - target), -d))
+            keys = by_staleness[staleness]
+            key = keys.pop(self.rng.randrange(len(keys)))
+            if not keys:
+                del by_staleness[staleness]
+            entry = self.store.prompt(key)
+            self.undrawn_fresh.discard(key)
+            report.groups.append(SampledGroup(key, self._pick_k(entry.items, k, False), "mix", entry.payload))
+        report.unseen = len(report.groups)
+        for group in report.groups:
+            for traj in group.trajectories:
+                traj.draws += 1
+                if self.store.evict(traj, "max_replays"):
+                    self.store.stats.evicted_replayed += 1
         return report
 
     def _count_draws(self, groups: list[SampledGroup]) -> None:

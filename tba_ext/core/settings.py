@@ -73,6 +73,10 @@ class ReplaySettings:
     # enters the store (min_fresh_groups set, the decoupled configs); lockstep updates wait for their own B groups
     min_buffer_groups: int | None = None
     wait_timeout_s: float = 600.0  # an empty or fully stale store waits this long for data, then stops the run
+    # a mixed-staleness batch (tba-prime's {1, 4, 10, 32}): slot i of each batch takes the stored group whose
+    # staleness is nearest levels[i % len(levels)], and each group is served once (no replay); null = TBA's
+    # recency / replay rule. Generation must keep up with a batch per update (colocate_async, one batch ahead)
+    staleness_mix: list[int] | None = None
     seed: int = 0  # the sampler's random stream (saved and restored with checkpoints)
 
 
@@ -126,9 +130,21 @@ def checked_type(value, annotation: str, key: str):
         or ("int" in kinds and isinstance(value, int) and not isinstance(value, bool))
         or ("float" in kinds and isinstance(value, int | float) and not isinstance(value, bool) and isfinite(value))
         or ("str" in kinds and isinstance(value, str))
+        or (
+            "list[int]" in kinds
+            and isinstance(value, list | tuple)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        )
     )
     if not ok:
-        names = {"None": "null", "float": "a finite float", "int": "an int", "bool": "a bool", "str": "a string"}
+        names = {
+            "None": "null",
+            "float": "a finite float",
+            "int": "an int",
+            "bool": "a bool",
+            "str": "a string",
+            "list[int]": "a list of ints",
+        }
         wanted = " or ".join(names.get(k, k) for k in kinds)
         raise ValueError(f"{key} must be {wanted}, got {value!r} ({type(value).__name__})")
     return value
@@ -180,6 +196,22 @@ def parse_replay_settings(node: Mapping[str, Any] | None, prefix: str) -> Replay
             r.min_buffer_groups is None or r.min_buffer_groups >= 1,
             "min_buffer_groups must be >= 1 or null",
             r.min_buffer_groups,
+        ),
+        (
+            r.staleness_mix is None or (len(r.staleness_mix) > 0 and min(r.staleness_mix) >= 0),
+            "staleness_mix must be a non-empty list of staleness levels >= 0, or null",
+            r.staleness_mix,
+        ),
+        (
+            r.staleness_mix is None or r.max_staleness is None or r.max_staleness >= max(r.staleness_mix),
+            f"max_staleness must be >= the largest level of staleness_mix ({r.staleness_mix}): staler groups leave "
+            "the store before that level could serve them",
+            r.max_staleness,
+        ),
+        (
+            r.staleness_mix is None or r.max_replays in (None, 1),
+            "max_replays must be 1 or null with staleness_mix, which serves each group once",
+            r.max_replays,
         ),
     ]
     for ok, message, value in checks:

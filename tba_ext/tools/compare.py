@@ -1,7 +1,8 @@
 """``tba-ext compare``: TB, TBA′ and Dr. GRPO on identical model, warm start, data and seeds, over staleness.
 
 Staleness s bounds every source of off-policy data for every method (``tba_ext.tools.recipe.method_overrides``):
-s = 0 is on-policy; s > 0 lets generation run s batches ahead and TB / TBA′ replay nothing staler than s.
+s = 0 is on-policy; s > 0 lets generation run s batches ahead and TB / TBA′ replay nothing staler than s;
+``mix`` trains every method on batches that mix staleness 1, 4, 10 and 32, each group once.
 Dr. GRPO is verl's built-in (``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False``, no KL).
 The quickstart's recipe (model, warm start, lr, batch, beta, m) is the one used here. Each run reports held-out
 greedy accuracy (verl's own validation, before training and every ``eval_every`` updates) and the sampled
@@ -26,8 +27,11 @@ from tba_ext.tools.recipe import (
     COMPARED,
     EVAL_SAMPLES,
     METHODS,
+    MIXED,
+    STALENESS_MIX,
     STALL_TIMEOUT_S,
     label,
+    level_order,
     method_overrides,
     prepare,
     recipe_for,
@@ -136,13 +140,21 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
     by_method: dict = {}
     for name, runs in curves.items():
         method, _, s = name.rpartition(" s=")
-        by_method.setdefault(method, {})[int(s)] = runs
+        by_method.setdefault(method, {})[str(s)] = runs
     methods = sorted(by_method, key=_method_order)
-    levels = sorted({s for by_s in by_method.values() for s in by_s})
-    if len(levels) == 1:  # one panel, a line per method
-        panels = {f"s = {levels[0]}": [(label(m), by_method[m][levels[0]]) for m in methods]}
+    levels = sorted({s for by_s in by_method.values() for s in by_s}, key=level_order)
+    if len(levels) == 1 or MIXED in levels:  # a panel per staleness, a line per method (the stress study)
+        panels = {
+            f"s = {s}" if s != MIXED else f"mixed s in {{{', '.join(map(str, STALENESS_MIX))}}}": [
+                (label(m), by_method[m][s]) for m in methods if s in by_method[m]
+            ]
+            for s in levels
+        }
     else:
-        panels = {label(m): [(f"s={s}", runs) for s, runs in sorted(by_method[m].items())] for m in methods}
+        panels = {
+            label(m): [(f"s={s}", runs) for s, runs in sorted(by_method[m].items(), key=lambda kv: level_order(kv[0]))]
+            for m in methods
+        }
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels) + 1, 3.6), sharey=True, squeeze=False)
     for ax, (title, lines) in zip(axes[0], panels.items()):
         for name, runs in lines:
@@ -224,7 +236,7 @@ def compare(
 
 
 def train_one(
-    seed_dir: str, p, seed: int, method: str, s: int, steps: int, eval_every: int, before: dict
+    seed_dir: str, p, seed: int, method: str, s: int | str, steps: int, eval_every: int, before: dict
 ) -> tuple[dict, dict]:
     """One verl run of ``method`` at staleness ``s`` from the seed's prepared folder, evaluated on the held-out
     split: its result row and its validation curve (accuracy vs updates and vs seconds)."""
@@ -234,7 +246,7 @@ def train_one(
     run_verl(
         METHODS[method].config,
         training_overrides(seed_dir, p, seed, steps, eval_every)
-        + method_overrides(method, s, p.recency_prob)
+        + method_overrides(method, s, p.recency_prob, p.batch)
         + [
             f"trainer.save_freq={steps}",
             f"trainer.default_local_dir={ckpt}",
@@ -293,7 +305,7 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
     payload = {
         **parts[0],
         "seeds": sorted({s for part in parts for s in part["seeds"]}),
-        "staleness": sorted({s for part in parts for s in part["staleness"]}),
+        "staleness": sorted({s for part in parts for s in part["staleness"]}, key=level_order),
         "runs": [r for part in parts for r in part["runs"]],
         "labels": {m: label(m) for part in parts for m in part["methods"]},
         "curves": curves,
@@ -340,7 +352,7 @@ def compare_tables(doc: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for method, cells in doc["summary"].items():
-        for s in sorted(cells, key=int):
+        for s in sorted(cells, key=level_order):
             c = cells[s]
             interval = _interval(c["gain_mean"], c["gain_ci95"], c["n_seeds"])
             kept = (
@@ -369,7 +381,7 @@ def _paired_rows(paired: dict, labels: dict, baseline: str) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for method, cells in paired.items():
-        for s in sorted(cells, key=int):
+        for s in sorted(cells, key=level_order):
             c = cells[s]
             rows.append(
                 f"| {labels.get(method, method)} - {baseline} | {s} | {c['n_seeds']} | {c['mean']:+.3f} +- "
@@ -400,7 +412,7 @@ def _diversity_table(doc: dict) -> str:
     )
     labels = doc.get("labels", {})
     for method, cells in doc["summary"].items():
-        for s in sorted(cells, key=int):
+        for s in sorted(cells, key=level_order):
             c = cells[s]
             values = " | ".join(f"{c[k + '_after_mean']:.3f}" if k + "_after_mean" in c else "-" for k in keys)
             rows.append(f"| {labels.get(method, method)} | {s} | {values} |")

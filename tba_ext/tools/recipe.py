@@ -3,6 +3,7 @@ staleness level s is set for each method, and the prepared run folder both start
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -117,12 +118,55 @@ def label(method: str) -> str:
     return METHODS[method].label if method in METHODS else method
 
 
-def method_overrides(method: str, staleness: int, recency_prob: float) -> list[str]:
+# the mixed-staleness level (tba-prime's report): each batch mixes groups of these staleness levels
+MIXED = "mix"
+STALENESS_MIX = (1, 4, 10, 32)
+
+
+def staleness_level(value: str | int) -> int | str:
+    """A compare staleness level: an int s >= 0, or ``mix`` (STALENESS_MIX in every batch)."""
+    if value == MIXED:
+        return MIXED
+    try:
+        level = int(value)
+    except ValueError:
+        level = -1
+    if level < 0:
+        raise ValueError(f"--staleness takes ints >= 0 or {MIXED!r}, got {value!r}")
+    return level
+
+
+def level_order(level) -> tuple[int, int]:
+    """Sort key of staleness levels (ints or their strings): numbers first, ``mix`` last."""
+    return (1, 0) if level == MIXED else (0, int(level))
+
+
+def method_overrides(method: str, staleness: int | str, recency_prob: float, batch: int | None = None) -> list[str]:
     """Hydra overrides putting ``method`` at staleness s, which bounds every source of off-policy data:
     s = 0 is on-policy (verl's sync trainer; TB and TBA' draw only fresh groups: m = 1, max_staleness = 0);
     s > 0 is verl's colocate_async with generation s batches ahead, and TB and TBA' replay with m, never
-    anything staler than s."""
+    anything staler than s. ``mix`` (needs ``batch``, the prompts per update): every method, Dr. GRPO included,
+    trains from tba-ext's store, each batch mixing groups of staleness STALENESS_MIX and each group served once,
+    so every objective sees data of the same staleness. Each update waits for a batch of fresh groups; the first
+    waits for an initial buffer of (1 + mean(STALENESS_MIX)) batches, what the store holds before each draw in
+    steady state (a batch enters per update and a group stays until the level that serves it), and the levels
+    are exact from update max(STALENESS_MIX) on (tests/test_replay.py)."""
     m = METHODS[method]
+    if staleness == MIXED:
+        if batch is None:
+            raise ValueError("the mixed staleness level needs the batch size (prompts per update)")
+        buffer_groups = math.ceil((1 + sum(STALENESS_MIX) / len(STALENESS_MIX)) * batch)
+        kwargs = f"++{SAMPLER_KWARGS}"  # set or add: the shipped configs name some of these keys
+        return [
+            f"trainer.v1.trainer_mode={m.trainer_prefix}colocate_async",
+            *m.overrides,
+            f"trainer.v1.colocate_async.num_warmup_batches={math.ceil(buffer_groups / batch)}",
+            *([] if m.config == "cpu_tba" else REPLAY_SAMPLER),
+            f"{kwargs}staleness_mix=[{','.join(map(str, STALENESS_MIX))}]",
+            f"{kwargs}max_staleness={max(STALENESS_MIX)}",
+            f"{kwargs}min_fresh_groups={batch}",
+            f"{kwargs}min_buffer_groups={buffer_groups}",
+        ]
     out = [f"trainer.v1.trainer_mode={m.trainer_prefix}{'colocate_async' if staleness else 'sync'}", *m.overrides]
     if staleness:
         out.append(f"trainer.v1.colocate_async.num_warmup_batches={staleness}")
