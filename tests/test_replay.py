@@ -394,15 +394,16 @@ def test_a_mixed_staleness_batch_serves_each_level_evenly_and_each_group_once():
     """tba-prime's mixed batch, levels {1, 4, 10, 32}, fed as compare's mixed arm feeds it: an initial buffer of
     (1 + mean level) batches at version 0, then one fresh batch per update. From update 32 on every batch holds
     B / 4 groups at each level exactly (before that the top level takes the oldest groups, staleness = the
-    update); no trajectory is served twice, none goes stale unserved, and B distinct prompts per batch."""
+    update); no trajectory is served twice, none goes stale unserved, and B distinct prompts per batch. The store
+    keeps identical responses (each group served as generated: half of each group here repeats the other half)."""
     levels, batch, k = [1, 4, 10, 32], 32, 4
-    store = TrajectoryStore(100, 100_000)
+    store = TrajectoryStore(100, 100_000, dedup=False)
     sampler = ReplaySampler(store, ReplaySettings(staleness_mix=levels, max_staleness=32, seed=3))
 
     def generate(version, prompts):
         for p in range(prompts):
             for j in range(k):
-                store.admit(Trajectory(f"v{version}p{p}", [version, p, j], float(j % 2), version))
+                store.admit(Trajectory(f"v{version}p{p}", [version, p, j % 2], float(j % 2), version))
 
     generate(0, math.ceil((1 + sum(levels) / len(levels)) * batch))
     served = set()
@@ -411,7 +412,7 @@ def test_a_mixed_staleness_batch_serves_each_level_evenly_and_each_group_once():
             generate(update, batch)
         report = sampler.sample_groups(batch, k, update)
         assert not report.missing and len({g.prompt_key for g in report.groups}) == batch
-        assert all(g.branch == "mix" and len(g.trajectories) == k for g in report.groups)
+        assert all(g.branch == "mix" and len({t.order for t in g.trajectories}) == k for g in report.groups)
         staleness = sorted(update - min(t.version for t in g.trajectories) for g in report.groups)
         if update >= 32:
             assert staleness == sorted(levels * (batch // len(levels))), update
@@ -423,12 +424,27 @@ def test_a_mixed_staleness_batch_serves_each_level_evenly_and_each_group_once():
                 served.add((t.prompt_key, t.order))
                 assert store.prompt(t.prompt_key) is None  # it left the store with its draw
     assert store.stats.evicted_stale == 0 and store.stats.evicted_replayed == len(served)
+    assert store.stats.dedup_hits == 0
     # a store holding fewer than B prompts serves nothing: the caller waits for generation
     small = TrajectoryStore(100, 1000)
     for p in range(3):
         small.admit(Trajectory(f"p{p}", [p], 1.0, 0))
     report = ReplaySampler(small, ReplaySettings(staleness_mix=levels)).sample_groups(4, 1, 5)
     assert report.missing == 1 and not report.groups and len(small) == 3
+
+
+def test_a_store_without_dedup_keeps_identical_responses_through_eviction_and_a_restore(tmp_path):
+    store = TrajectoryStore(100, 1000, dedup=False)
+    copies = [Trajectory("p", [7, 7], 1.0, 0) for _ in range(3)]
+    for traj in copies:
+        store.admit(traj)
+    assert len(store) == 3 and store.stats.dedup_hits == 0
+    assert store.evict(copies[1], "max_replays") and not store.evict(copies[1], "max_replays")
+    save_atomic({"store": store.state_dict()}, str(tmp_path / "store.pt"))
+    restored = TrajectoryStore(100, 1000, dedup=False)
+    restored.load_state_dict(load_checked(str(tmp_path / "store.pt"))["store"])
+    assert [t.order for t in restored.trajectories("p")] == [copies[0].order, copies[2].order]
+    assert all(restored.evict(t, "max_replays") for t in restored.trajectories("p")) and len(restored) == 0
 
 
 def test_unknown_knob_is_refused():

@@ -427,8 +427,10 @@ def check_planned_steps(cfg: Mapping[str, Any], rows: int, rows_from: str = "dat
     per_epoch, epochs = planned_epochs(cfg, rows, rows_from)
     trainer = cfg["trainer"]
     if uses_replay_sampler(cfg):
-        min_buffer = (trainer["v1"]["sampler"].get("sampler_kwargs") or {}).get("min_buffer_groups")
-        if isinstance(min_buffer, int) and min_buffer > rows:  # the store counts distinct prompts
+        kwargs = trainer["v1"]["sampler"].get("sampler_kwargs") or {}
+        min_buffer = kwargs.get("min_buffer_groups")
+        # the store counts distinct prompts (generations with staleness_mix, which a repeated prompt can fill)
+        if isinstance(min_buffer, int) and min_buffer > rows and not kwargs.get("staleness_mix"):
             raise ValueError(
                 f"{SAMPLER_KWARGS}min_buffer_groups={min_buffer} distinct prompts can never be stored from {rows} "
                 f"training prompts ({rows_from}): lower it or give more prompts"

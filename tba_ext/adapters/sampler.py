@@ -21,6 +21,9 @@ set by the trainer before each of the k samples of a separate_async step).
 Where every finished group enters the store (``min_fresh_groups`` set: the decoupled configs), no update is
 served before it holds ``min_buffer_groups`` distinct prompts (the initial buffer), asking the searchers for
 more prompts (``request_prompts``, set by the decoupled trainer) while those queued cannot fill it.
+With ``staleness_mix`` the store keys each generation of a prompt (verl's uid) apart, so its groups, and the
+initial buffer's count, are generations, however often the dataset repeats a prompt; and it keeps identical
+responses (no dedup), so a group is served as it was generated.
 If the store cannot serve a batch yet (empty, or everything staler than ``max_staleness``) it waits for
 generation, and stops the run after ``wait_timeout_s``. Validation batches bypass the store.
 """
@@ -99,7 +102,10 @@ class TBAReplaySampler(ReplayBufferAsync):
             kwargs_node = OmegaConf.to_container(kwargs_node, resolve=True)
         self.settings = parse_replay_settings(kwargs_node, SAMPLER_KWARGS)
         self.store = TrajectoryStore(
-            self.settings.per_prompt_capacity, self.settings.capacity, self.settings.capacity_bytes
+            self.settings.per_prompt_capacity,
+            self.settings.capacity,
+            self.settings.capacity_bytes,
+            dedup=not self.settings.staleness_mix,  # a mixed batch serves each group as it was generated
         )
         self.sampler = ReplaySampler(self.store, self.settings)
         # K drawn per group: the tba_* trainer modes set it to rollout.n; otherwise the largest group seen
@@ -141,6 +147,9 @@ class TBAReplaySampler(ReplayBufferAsync):
             searcher_reference = pop_searcher_reference(row)
             prompt_fields, response, logprobs, reward, extras = split_row(row, tag)
             prompt_key = prompt_identity(row)
+            if self.settings.staleness_mix:
+                # a mixed batch draws generations: a prompt drawn again (a later epoch) is a group of its own
+                prompt_key = f"{prompt_key}/{key.split('_')[0]}"  # verl's uid of this generation
             prompts.add(prompt_key)
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras)
             traj.ledger_id = ledger_id

@@ -225,8 +225,11 @@ class TrajectoryStore:
     version in the store (global caps, in trajectories and in bytes) leaves first.
     """
 
-    def __init__(self, per_prompt_capacity: int, capacity: int, capacity_bytes: int | None = None):
+    def __init__(self, per_prompt_capacity: int, capacity: int, capacity_bytes: int | None = None, dedup: bool = True):
         self._set_capacities(per_prompt_capacity, capacity, capacity_bytes)
+        # False: identical responses of a prompt are all kept (a mixed-staleness batch serves each group as it
+        # was generated); each trajectory is then known by its admission order instead of its tokens' hash
+        self.dedup = dedup
         self.stats = StoreStats()
         self._prompts: dict[Hashable, PromptEntry] = {}
         self._versions: list[int] = []  # sorted versions present: the oldest is evicted first
@@ -258,7 +261,7 @@ class TrajectoryStore:
             entry = self._prompts[traj.prompt_key] = PromptEntry(payload=prompt_payload)
             for listener in self.new_prompt_listeners:
                 listener(traj.prompt_key)
-        old = entry.by_digest.get(traj.digest)
+        old = entry.by_digest.get(traj.digest) if self.dedup else None
         if old is not None:  # same tokens seen before: the newest copy wins
             self.stats.dedup_hits += 1
             self._remove(entry, old, "duplicate")
@@ -266,7 +269,7 @@ class TrajectoryStore:
         self._order += 1
         traj.order = self._order
         bisect.insort(entry.items, traj, key=_age)
-        entry.by_digest[traj.digest] = traj
+        entry.by_digest[self._identity(traj)] = traj
         entry._rewards = None
         self._size += 1
         self._bytes += traj.nbytes
@@ -350,7 +353,7 @@ class TrajectoryStore:
     def evict(self, traj: Trajectory, rule: str) -> bool:
         """Remove one trajectory under ``rule`` (one of ``ledger.EVICTION_RULES``); False if it already left."""
         entry = self._prompts.get(traj.prompt_key)
-        if entry is None or entry.by_digest.get(traj.digest) is not traj:
+        if entry is None or entry.by_digest.get(self._identity(traj)) is not traj:
             return False
         self._remove(entry, traj, rule)
         self.stats.evicted += 1
@@ -396,7 +399,7 @@ class TrajectoryStore:
     def _remove(self, entry: PromptEntry, traj: Trajectory, rule: str) -> None:
         i = bisect.bisect_left(entry.items, _age(traj), key=_age)
         del entry.items[i]
-        del entry.by_digest[traj.digest]
+        del entry.by_digest[self._identity(traj)]
         entry._rewards = None
         self._size -= 1
         self._bytes -= traj.nbytes
@@ -411,6 +414,10 @@ class TrajectoryStore:
         if not entry.items:
             del self._prompts[traj.prompt_key]
         self.ledger.evicted(traj.ledger_id, rule)
+
+    def _identity(self, traj: Trajectory):
+        """What ``PromptEntry.by_digest`` knows a trajectory by: its tokens' hash, or its admission order."""
+        return traj.digest if self.dedup else traj.order
 
     def stored_ledger_ids(self) -> list[int]:
         return [t.ledger_id for entry in self._prompts.values() for t in entry.items]
@@ -447,7 +454,7 @@ class TrajectoryStore:
         if state.get("format_version") not in READABLE_FORMATS:
             raise ValueError(f"replay store format {state.get('format_version')} is not one of {READABLE_FORMATS}")
         listeners = self.new_prompt_listeners, self.fresh_listeners
-        self.__init__(state["per_prompt_capacity"], state["capacity"], state.get("capacity_bytes"))
+        self.__init__(state["per_prompt_capacity"], state["capacity"], state.get("capacity_bytes"), self.dedup)
         self.new_prompt_listeners, self.fresh_listeners = listeners
         self._prompts = {key: PromptEntry(payload=payload) for key, payload in state["prompts"]}
         counts: dict = {}
@@ -469,7 +476,7 @@ class TrajectoryStore:
                 traj.reference.half, traj.reference.total, traj.reference.last, traj.reference.version = ref
             entry = self._prompts[prompt_key]
             bisect.insort(entry.items, traj, key=_age)
-            entry.by_digest[traj.digest] = traj
+            entry.by_digest[self._identity(traj)] = traj
             self._size += 1
             self._bytes += traj.nbytes
             self._reward_sum += traj.reward
