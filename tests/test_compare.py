@@ -1,5 +1,5 @@
 """`tba-ext compare`: the staleness axis per method (composed, no run), the intervals, a stress study's rendering,
-and a shortened e2e run of all three methods on the same model/data/seed (countdown)."""
+and a shortened e2e run of TBA′ and Dr. GRPO on mixed-staleness batches from the same model/data/seed (countdown)."""
 
 import json
 
@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from tba_ext.adapters.checks import check_replay_run, check_tb_run
 from tba_ext.tools.compare import compare, interval95
 from tba_ext.tools.config import compose
-from tba_ext.tools.recipe import COMPARED, METHODS, MIXED, STALENESS_MIX, method_overrides
+from tba_ext.tools.recipe import METHODS, MIXED, STALENESS_MIX, method_overrides
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -49,15 +49,26 @@ def test_interval95_is_the_t_interval():
 
 
 @pytest.mark.e2e
-def test_compare_short_runs_the_compared_methods_from_one_start_and_summarises(tmp_path):
+def test_compare_short_runs_two_methods_on_mixed_staleness_batches_from_one_start_and_summarises(tmp_path):
+    """TBA′ (tba-ext's trainer) and Dr. GRPO (verl's own colocate_async trainer) both drawing mixed-staleness batches
+    from tba-ext's store, on the second task (countdown): the reasoning-gym scorer inside verl's reward loop and the
+    diversity of its several right answers. (s > 0 for TB and TBA′ through replay: tests/test_e2e.py and the
+    quickstart's test.)"""
     results = tmp_path / "compare.json"
-    # on the second task (countdown): the reasoning-gym scorer inside verl's reward loop, the diversity of its
-    # several right answers
-    compare(str(tmp_path / "cmp"), short=True, seeds=[0], staleness=[1], results_path=str(results), task="countdown")
+    methods = ["tb_pg", "drgrpo"]
+    compare(
+        str(tmp_path / "cmp"),
+        short=True,
+        seeds=[0],
+        staleness=[MIXED],
+        methods=methods,
+        results_path=str(results),
+        task="countdown",
+    )
     saved = json.loads(results.read_text())
     assert saved["recipe"]["task"] == "countdown"
     runs = saved["runs"]
-    assert {r["method"] for r in runs} == set(COMPARED)
+    assert {r["method"] for r in runs} == set(methods)
     assert len({(r["accuracy_before"], r["sampled_before"]) for r in runs}) == 1  # identical start for all
     assert all(r["mean_staleness"] is not None and r["mean_staleness"] > 0 for r in runs)
     for r in runs:  # pass@k of the 16 samples per prompt: rises with k, and pass@1 is the sampled accuracy
@@ -65,9 +76,13 @@ def test_compare_short_runs_the_compared_methods_from_one_start_and_summarises(t
         assert d["pass@1"] <= d["pass@2"] <= d["pass@4"] <= d["pass@8"]
         assert d["pass@1"] == pytest.approx(r["sampled_after"])
     for r in runs:
-        summary = saved["summary"][r["method"]]["1"]
+        summary = saved["summary"][r["method"]][MIXED]
         assert summary["n_seeds"] == 1
         assert summary["gain_mean"] == pytest.approx(r["accuracy_after"] - r["accuracy_before"])
+    for method in methods:  # no replay, and the last update's batch mixes staleness (the top level ramps up)
+        last = [json.loads(line)["data"] for line in open(tmp_path / "cmp" / "seed0" / f"{method}_s{MIXED}.jsonl")][-1]
+        assert last["replay/fraction"] == 0.0 and last["replay/staleness_max"] > last["replay/staleness_min"]
+        assert last["replay/staleness_mean"] >= 1.0
     run = tmp_path / "cmp"
     assert "Dr. GRPO" in (run / "report.md").read_text()
     assert (run / "accuracy_vs_updates.png").stat().st_size > 10_000

@@ -74,8 +74,9 @@ class ReplaySettings:
     min_buffer_groups: int | None = None
     wait_timeout_s: float = 600.0  # an empty or fully stale store waits this long for data, then stops the run
     # a mixed-staleness batch (tba-prime's {1, 4, 10, 32}): slot i of each batch takes the stored group whose
-    # staleness is nearest levels[i % len(levels)], and each group is served once (no replay); null = TBA's
-    # recency / replay rule. Generation must keep up with a batch per update (colocate_async, one batch ahead)
+    # staleness is nearest levels[i % len(levels)], and each group is served once, as generated (no replay, no
+    # dedup); null = TBA's recency / replay rule. Feed it a batch per update (min_fresh_groups = B) after an
+    # initial buffer of (1 + mean level) batches (min_buffer_groups), as compare's mix arm does
     staleness_mix: list[int] | None = None
     seed: int = 0  # the sampler's random stream (saved and restored with checkpoints)
 
