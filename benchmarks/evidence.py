@@ -12,7 +12,7 @@ CPU seconds of the processes it ran (``getrusage`` of reaped children: a lower b
 
 CPU cost on the project's 2-core machine: a run is ~8 min on one core (60 updates of 32 prompts x 8), so a grid of
 3 methods x 2 staleness levels x 5 seeds (30 runs) takes about 2 hours with ``--jobs 2``; a stress run (60 updates
-at s = 32 after 32 batches of warm-up generation, or mixed after a 12-batch initial buffer) 10-15 min.
+at s = 32 after 32 batches of warm-up generation, or mixed after a 12.75-batch initial buffer) 12-15 min.
 """
 
 import argparse
