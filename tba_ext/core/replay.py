@@ -710,7 +710,7 @@ class ReplaySampler:
             )
         if not report.missing:  # a batch with holes is not used: the caller waits and samples again
             report.unseen = sum(all(t.draws == 0 for t in g.trajectories) for g in report.groups)
-            self._count_draws(report.groups)
+            self._count_draws(report.groups, self.settings.max_replays)
         return report
 
     def sample_mixed(self, batch_size: int, k: int, current_version: int) -> SampleReport:
@@ -719,15 +719,15 @@ class ReplaySampler:
         group staleness nearest d (the older on a tie), where a group's staleness is that of its oldest
         trajectory. Its K trajectories are served once: they leave the store (ledger rule ``max_replays``).
         Until the store reaches back d updates (the run's first d), slots of level d take the oldest groups."""
+        report = SampleReport(groups=[])
+        if self.store.num_prompts < batch_size:
+            report.missing = batch_size - self.store.num_prompts
+            return report
         levels = self.settings.staleness_mix
         by_staleness: dict[int, list] = {}
         for key in self.store.prompt_keys():
             oldest = self.store.prompt(key).items[0].version
             by_staleness.setdefault(current_version - oldest, []).append(key)
-        report = SampleReport(groups=[])
-        if self.store.num_prompts < batch_size:
-            report.missing = batch_size - self.store.num_prompts
-            return report
         for slot in range(batch_size):
             target = levels[slot % len(levels)]
             staleness = min(by_staleness, key=lambda d: (abs(d - target), -d))
@@ -739,15 +739,11 @@ class ReplaySampler:
             self.undrawn_fresh.discard(key)
             report.groups.append(SampledGroup(key, self._pick_k(entry.items, k, False), "mix", entry.payload))
         report.unseen = len(report.groups)
-        for group in report.groups:
-            for traj in group.trajectories:
-                traj.draws += 1
-                if self.store.evict(traj, "max_replays"):
-                    self.store.stats.evicted_replayed += 1
+        self._count_draws(report.groups, cap=1)
         return report
 
-    def _count_draws(self, groups: list[SampledGroup]) -> None:
-        cap = self.settings.max_replays
+    def _count_draws(self, groups: list[SampledGroup], cap: int | None) -> None:
+        """Count a draw of every served trajectory; one drawn ``cap`` times leaves the store (None: no cap)."""
         for group in groups:
             for traj in group.trajectories:
                 traj.draws += 1
