@@ -180,6 +180,15 @@ def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_pat
     assert tb["sampled_gain_mean"] == pytest.approx(0.1)
     assert tb["gain_kept"] == pytest.approx(1.0)
     assert (tmp_path / "grid" / "accuracy_vs_updates.png").stat().st_size > 10_000
+    # a later part adding Dr. GRPO to seed 0 (listed first) joins the grid, its method named in METHODS' order
+    later = _part(0, -0.1)
+    later["methods"], later["runs"][0]["method"] = ["drgrpo"], "drgrpo"
+    later["curves"] = {"drgrpo s=0": later["curves"].pop("tb s=0")}
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    joined = merge([str(tmp_path / "later.json"), *map(str, paths)], str(tmp_path / "joined"))
+    assert joined["methods"] == ["tb", "drgrpo"] and joined["labels"] == {"tb": "TB", "drgrpo": "Dr. GRPO"}
+    assert joined["paired_vs_drgrpo"]["tb"]["0"]["mean"] == pytest.approx(0.1 - -0.1)
+    assert set(joined["curves"]) == {"tb s=0", "drgrpo s=0"}
     other = _part(2, 0.0)
     other["steps"] = 20
     paths[1].write_text(json.dumps(other))

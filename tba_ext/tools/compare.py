@@ -292,12 +292,18 @@ def train_one(
     return result, curve
 
 
+def method_order(method: str) -> int:
+    """Sort key of methods: METHODS' order (TB, TBA′, Dr. GRPO, ...); results' older label names last."""
+    return list(METHODS).index(method) if method in METHODS else len(METHODS)
+
+
 def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> dict:
     """One grid from compare runs made in parallel (e.g. one process per seed on the same recipe and steps)."""
     parts = [report.read_json(path) for path in paths]
     for key in ("recipe", "steps"):
         if any(part[key] != parts[0][key] for part in parts):
             raise ValueError(f"cannot merge compare results with different {key}: {paths}")
+    methods = sorted({m for part in parts for m in part["methods"]}, key=method_order)
     curves: dict = {}
     for part in parts:
         for name, runs in part["curves"].items():
@@ -306,8 +312,10 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
         **parts[0],
         "seeds": sorted({s for part in parts for s in part["seeds"]}),
         "staleness": sorted({s for part in parts for s in part["staleness"]}, key=level_order),
+        # a part may add a method to seeds already run (TB beside an earlier TBA′ and Dr. GRPO grid)
+        "methods": methods,
         "runs": [r for part in parts for r in part["runs"]],
-        "labels": {m: label(m) for part in parts for m in part["methods"]},
+        "labels": {m: label(m) for m in methods},
         "curves": curves,
     }
     report.ensure_dir(run_dir)
