@@ -187,6 +187,7 @@ def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_pat
     (tmp_path / "later.json").write_text(json.dumps(later))
     joined = merge([str(tmp_path / "later.json"), *map(str, paths)], str(tmp_path / "joined"))
     assert joined["methods"] == ["tb", "drgrpo"] and joined["labels"] == {"tb": "TB", "drgrpo": "Dr. GRPO"}
+    assert list(joined["summary"]) == ["tb", "drgrpo"]
     assert joined["paired_vs_drgrpo"]["tb"]["0"]["mean"] == pytest.approx(0.1 - -0.1)
     assert set(joined["curves"]) == {"tb s=0", "drgrpo s=0"}
     other = _part(2, 0.0)

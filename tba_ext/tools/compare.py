@@ -314,7 +314,8 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
         "staleness": sorted({s for part in parts for s in part["staleness"]}, key=level_order),
         # a part may add a method to seeds already run (TB beside an earlier TBA′ and Dr. GRPO grid)
         "methods": methods,
-        "runs": [r for part in parts for r in part["runs"]],
+        # tables list methods in the order of their runs
+        "runs": sorted((r for part in parts for r in part["runs"]), key=lambda r: method_order(r["method"])),
         "labels": {m: label(m) for m in methods},
         "curves": curves,
     }
