@@ -21,7 +21,7 @@ from common import provenance
 DEFAULT_SELECTION = (
     "test_two_data_parallel_ranks or test_dr_grpo_trains or kill_9 or tb_pg_weights_stale "
     "or reference_reset_in_its_own or free_running_searchers or quickstart_short "
-    "or tldr_trains_through_verl"
+    "or (rehearsed_on_cpu_validates and tldr)"
 )
 
 

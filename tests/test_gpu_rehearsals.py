@@ -175,7 +175,7 @@ def as_a_gpu_user(monkeypatch, fixtures, kind, task, env):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(REHEARSALS))
-def test_gpu_config_rehearsed_on_cpu_validates_and_trains_two_steps(name, fixtures, monkeypatch, tmp_path):
+def test_gpu_config_rehearsed_on_cpu_validates_and_trains_two_steps(name, fixtures, monkeypatch, tmp_path, margin):
     from tba_ext.tools import report
     from tba_ext.tools.config import compose
     from tba_ext.tools.launch import run_verl
@@ -184,6 +184,7 @@ def test_gpu_config_rehearsed_on_cpu_validates_and_trains_two_steps(name, fixtur
     paths = as_a_gpu_user(monkeypatch, fixtures, kind, task, env)
     overrides = [o.format(**paths) for o in reward_overrides]
     overrides += cpu_scale(compose(name, overrides), tmp_path)
+    overrides.append(f"trainer.validation_data_dir={tmp_path / 'val'}")  # what validation scored, row by row
     metrics = tmp_path / "metrics.jsonl"
     run_verl(name, overrides, log_path=str(tmp_path / "verl.log"), metrics_path=str(metrics), stall_timeout=600)
     records = report.read_metrics(str(metrics))
@@ -193,6 +194,24 @@ def test_gpu_config_rehearsed_on_cpu_validates_and_trains_two_steps(name, fixtur
     for r in steps:  # an untrained tiny model earns no reward, so the gradient may be 0: finite is the claim
         assert r["data"]["response_length/mean"] > 0 and math.isfinite(r["data"]["actor/grad_norm"])
         assert all(math.isfinite(v) for v in r["data"].values() if isinstance(v, float)), r["data"]
+    if task == "tldr":
+        every_score_is_the_reward_models_logit(fixtures, tmp_path / "val" / "0.jsonl", paths["rm"], margin)
+
+
+def every_score_is_the_reward_models_logit(fixtures, dumped_path, rm, margin) -> None:
+    """Each summary verl's reward worker scored at validation got the reward model's logit on that post and that
+    summary, computed here directly (other padding: float32 rounding of a logit)."""
+    from tba_ext.tasks import tldr
+    from tba_ext.tasks.scorers import reward_model_scores
+
+    posts = [r["extra_info"]["prompt_text"] for r in tldr.load_rows(str(fixtures["root"] / "tldr_src"), "validation")]
+    dumped = [json.loads(line) for line in dumped_path.read_text().splitlines()]
+    assert len(dumped) == 8  # the test split
+    for row in dumped:
+        post = [p for p in posts if p in row["input"]]
+        assert len(post) == 1, row["input"]
+        expected = reward_model_scores(str(rm), [tldr.rm_text(post[0], row["output"])])[0]
+        margin("reward-model score gap", row["score"] - expected, 1e-4)
 
 
 @pytest.mark.e2e

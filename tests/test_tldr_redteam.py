@@ -2,7 +2,6 @@
 fixtures and tiny offline models; each score is checked against the models run directly."""
 
 import json
-import math
 
 import numpy as np
 import pandas as pd
@@ -256,45 +255,3 @@ def test_redteam_evaluation(fixtures, tmp_path):
         max_new_tokens=6,
     )
     assert result["n"] == 6 and 0.0 <= result["attack_success_rate"] <= 1.0 and result["diversity"] >= 0.0
-
-
-@pytest.mark.e2e
-def test_tldr_trains_through_verl_with_the_reward_model(fixtures, tmp_path, margin):
-    """The TB run on TL;DR: verl's reward workers score every summary with the user's reward model."""
-    from tba_ext.tasks.scorers import reward_model_scores
-    from tba_ext.tools.launch import run_verl
-
-    write_task("tldr", str(tmp_path / "data"), 3, 3, 0, source=str(fixtures / "tldr_src"))
-    metrics = tmp_path / "metrics.jsonl"
-    run_verl(
-        "cpu_tb",
-        [
-            f"run_dir={tmp_path}",
-            f"actor_rollout_ref.model.path={fixtures / 'policy'}",
-            "data.train_batch_size=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-            "data.max_prompt_length=96",
-            "trainer.total_training_steps=2",
-            "trainer.val_before_train=True",
-            f"trainer.validation_data_dir={tmp_path / 'val'}",
-            f"+reward.custom_reward_function.reward_kwargs.reward_model_path={fixtures / 'rm'}",
-        ],
-        log_path=str(tmp_path / "verl.log"),
-        metrics_path=str(metrics),
-    )
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    training = [r for r in records if r["step"] >= 1]  # step 0: the validation before training
-    assert [r["step"] for r in training] == [1, 2]
-    assert all(math.isfinite(r["data"]["actor/tb/residual_var"]) for r in training)
-    # every score verl computed is the reward model's logit on that post + that summary
-    posts = [r["extra_info"]["prompt_text"] for r in tldr.load_rows(str(fixtures / "tldr_src"), "validation")]
-    dumped = [json.loads(line) for line in (tmp_path / "val" / "0.jsonl").read_text().splitlines()]
-    assert len(dumped) == 3
-    for row in dumped:
-        post = next(p for p in posts if p in row["input"])
-        expected = reward_model_scores(str(fixtures / "rm"), [tldr.rm_text(post, row["output"])])[0]
-        # the same reward model in verl's reward worker and here, other padding: float32 rounding of a logit
-        margin("reward-model score gap", row["score"] - expected, 1e-4)
