@@ -7,8 +7,9 @@ Each study is ``tba-ext compare`` on one task. Its seeds run as separate process
 its own run folder under benchmarks/results/evidence_run/ (ignored by git). They are merged into
 benchmarks/results/compare_<study>.json, with report and plots in benchmarks/results/compare_<study>/, and
 docs/generate.py renders the compare page from those JSONs. ``--seeds``, ``--methods`` and ``--staleness``
-narrow a study; each JSON's ``how`` records the command that made it, and ``cost`` its wall-clock seconds and the
-CPU seconds of the processes it ran (``getrusage`` of reaped children: a lower bound).
+narrow a study and add its cells to the study's JSON (a cell already there is refused before any run); each JSON's
+``how`` records the command that made it, and ``cost`` its wall-clock seconds and the CPU seconds of the processes
+it ran (``getrusage`` of reaped children: a lower bound).
 
 CPU cost on the project's 2-core machine: a run is ~8 min on one core (60 updates of 32 prompts x 8), so a grid of
 3 methods x 2 staleness levels x 5 seeds (30 runs) takes about 2 hours with ``--jobs 2``; a stress run (60 updates
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -58,7 +60,7 @@ STUDIES = {
 SEEDS = [0, 1, 2, 3, 4]
 
 
-def seed_command(study: str, spec: dict, seed: int, part: str) -> list[str]:
+def seed_command(spec: dict, seed: int, run_dir: str, part: str) -> list[str]:
     return [
         sys.executable,
         "benchmarks/compare_grid.py",
@@ -71,24 +73,27 @@ def seed_command(study: str, spec: dict, seed: int, part: str) -> list[str]:
         *spec["methods"],
         f"--steps={spec['steps']}",
         f"--eval-every={spec['eval_every']}",
-        f"--run-dir={RESULTS}/evidence_run/{study}_seed{seed}",
+        f"--run-dir={run_dir}",
         f"--out={part}",
     ]
 
 
-def run_study(study: str, spec: dict, seeds: list[int], jobs: int) -> dict:
-    """The study's seeds as parallel compare processes (``jobs`` at a time), merged into its JSON and plots."""
+def run_study(study: str, spec: dict, seeds: list[int], jobs: int, kept: str | None = None) -> dict:
+    """The study's seeds as parallel compare processes (``jobs`` at a time), merged into its JSON and plots, with
+    ``kept`` (the study's JSON so far, when a narrowed command adds cells to it) as one more part."""
     os.makedirs(f"{RESULTS}/evidence_run", exist_ok=True)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     parts, pending, running = [], list(seeds), []
+    # the files of a command adding cells are named by them, so they sit beside the study's earlier ones
+    tag = study if kept is None else f"{study}_{'-'.join(spec['methods'])}_s{'-'.join(map(str, spec['staleness']))}"
     start = time.time()
     while pending or running:
         while pending and len(running) < jobs:
             seed = pending.pop(0)
-            part = f"{RESULTS}/evidence_run/{study}_seed{seed}.json"
-            log = open(f"{RESULTS}/evidence_run/{study}_seed{seed}.out", "w")
+            run_dir, part = f"{RESULTS}/evidence_run/{tag}_seed{seed}", f"{RESULTS}/evidence_run/{tag}_seed{seed}.json"
+            log = open(f"{run_dir}.out", "w")
             print(f"[{study}] seed {seed}: log {log.name}", flush=True)
-            running.append((subprocess.Popen(seed_command(study, spec, seed, part), stdout=log, stderr=log), part))
+            running.append((subprocess.Popen(seed_command(spec, seed, run_dir, part), stdout=log, stderr=log), part))
         time.sleep(5)
         for proc, part in list(running):
             if proc.poll() is not None:
@@ -97,7 +102,8 @@ def run_study(study: str, spec: dict, seeds: list[int], jobs: int) -> dict:
                     raise SystemExit(f"[{study}] a compare process failed ({proc.returncode}); see {part[:-5]}.out")
                 parts.append(part)
                 print(f"[{study}] {len(parts)}/{len(seeds)} seeds done ({time.time() - start:.0f}s)", flush=True)
-    payload = merge(sorted(parts), f"{RESULTS}/compare_{study}", f"{RESULTS}/compare_{study}.json")
+    parts = sorted(parts) + ([kept] if kept else [])
+    payload = merge(parts, f"{RESULTS}/compare_{study}", f"{RESULTS}/compare_{study}.json")
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # cumulative over this process: this study's share
     cpu = usage.ru_utime + usage.ru_stime - usage_before.ru_utime - usage_before.ru_stime
     payload["cost"] = {"wall_s": time.time() - start, "cpu_s_reaped": cpu, "jobs": jobs}
@@ -122,8 +128,22 @@ def main():
             spec["staleness"] = [s for s in spec["staleness"] if s in args.staleness]
         if not spec["staleness"] or not spec["methods"]:
             continue  # narrowed to nothing
-        payload = run_study(study, spec, args.seeds, args.jobs)
+        # a narrowed command adds its cells to the study's results instead of replacing them (merge refuses a
+        # cell run twice); the full command starts the study again
+        narrowed = spec != STUDIES[study] or args.seeds != SEEDS
+        path = f"{RESULTS}/compare_{study}.json"
+        kept = None
+        if narrowed and os.path.exists(path):
+            done = {(r["method"], str(r["staleness"]), r["seed"]) for r in read_json(path)["runs"]}
+            planned = {(m, str(s), seed) for m in spec["methods"] for s in spec["staleness"] for seed in args.seeds}
+            if done & planned:
+                raise SystemExit(f"[{study}] {path} already holds {sorted(done & planned)}: narrow to the others")
+            kept = f"{RESULTS}/evidence_run/{study}_kept.json"
+            shutil.copyfile(path, kept)
+        payload = run_study(study, spec, args.seeds, args.jobs, kept)
         payload["how"] = "benchmarks/evidence.py " + " ".join(sys.argv[1:])
+        if kept:
+            payload["how"] += f", merged with the study's earlier results ({read_json(kept).get('how')})"
         payload["provenance"] = provenance()
         write_json(payload, f"{RESULTS}/compare_{study}.json")
         print(json.dumps(read_json(f"{RESULTS}/compare_{study}.json")["cost"]), flush=True)

@@ -190,6 +190,8 @@ def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_pat
     assert list(joined["summary"]) == ["tb", "drgrpo"]
     assert joined["paired_vs_drgrpo"]["tb"]["0"]["mean"] == pytest.approx(0.1 - -0.1)
     assert set(joined["curves"]) == {"tb s=0", "drgrpo s=0"}
+    with pytest.raises(ValueError, match="TB at s = 0, seed 0 is in more than one"):
+        merge([str(out), str(paths[0])], str(tmp_path / "twice"))  # the grid again with one of its parts
     other = _part(2, 0.0)
     other["steps"] = 20
     paths[1].write_text(json.dumps(other))

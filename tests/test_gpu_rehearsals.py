@@ -67,7 +67,7 @@ REHEARSALS = {
     "drgrpo_qwen2.5-7b_gsm8k_fsdp2": ("chatml", "gsm8k", {}, []),
     "tba_rhomath-1b_gsm8k": ("raw", "gsm8k", {}, []),
     # verl's reward-model server is a vLLM /classify server (GPU only): on CPU the same reward model scores
-    # through tba-ext's reward function, which tests/test_tldr_redteam.py checks against the model run directly
+    # through tba-ext's reward function, whose validation scores the rehearsal checks against the model run directly
     "tba_pythia-1b_tldr": (
         "raw",
         "tldr",

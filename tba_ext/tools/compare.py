@@ -303,6 +303,11 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
     for key in ("recipe", "steps"):
         if any(part[key] != parts[0][key] for part in parts):
             raise ValueError(f"cannot merge compare results with different {key}: {paths}")
+    cells = [(r["method"], str(r["staleness"]), r["seed"]) for part in parts for r in part["runs"]]
+    twice = sorted({cell for cell in cells if cells.count(cell) > 1})
+    if twice:  # a run counted twice would narrow every interval it enters
+        method, s, seed = twice[0]
+        raise ValueError(f"cannot merge: {label(method)} at s = {s}, seed {seed} is in more than one of {paths}")
     methods = sorted({m for part in parts for m in part["methods"]}, key=method_order)
     curves: dict = {}
     for part in parts:
