@@ -1,7 +1,7 @@
 """Every figure of the compare page from one command: the seed-paired grid on both CPU tasks and the staleness stress.
 
     python benchmarks/evidence.py [--only arith20 countdown stress] [--jobs 2]
-                                  [--seeds 0 1 2 3 4] [--methods ...] [--staleness ...]
+                                  [--seeds 0 1 2 3 4] [--methods ...] [--staleness ...] [--resume]
 
 Each study is ``tba-ext compare`` on one task. Its seeds run as separate processes, ``--jobs`` at a time, each in
 its own run folder under benchmarks/results/evidence_run/ (ignored by git). They are merged into
@@ -9,7 +9,8 @@ benchmarks/results/compare_<study>.json, with report and plots in benchmarks/res
 docs/generate.py renders the compare page from those JSONs. ``--seeds``, ``--methods`` and ``--staleness``
 narrow a study and add its cells to the study's JSON (a cell already there is refused before any run); each JSON's
 ``how`` records the command that made it, and ``cost`` its wall-clock seconds and the CPU seconds of the processes
-it ran (``getrusage`` of reaped children: a lower bound).
+it ran (``getrusage`` of reaped children: a lower bound). ``--resume`` merges the seeds an interrupted run of the same
+command finished (their part JSONs in evidence_run/) and runs only the others; ``cost`` then counts those.
 
 CPU cost on the project's 2-core machine: a run is ~8 min on one core (60 updates of 32 prompts x 8), so a grid of
 3 methods x 2 staleness levels x 5 seeds (30 runs) takes about 2 hours with ``--jobs 2``; a stress run (60 updates
@@ -78,14 +79,23 @@ def seed_command(spec: dict, seed: int, run_dir: str, part: str) -> list[str]:
     ]
 
 
-def run_study(study: str, spec: dict, seeds: list[int], jobs: int, kept: str | None = None) -> dict:
+def run_study(
+    study: str, spec: dict, seeds: list[int], jobs: int, kept: str | None = None, resume: bool = False
+) -> dict:
     """The study's seeds as parallel compare processes (``jobs`` at a time), merged into its JSON and plots, with
-    ``kept`` (the study's JSON so far, when a narrowed command adds cells to it) as one more part."""
+    ``kept`` (the study's JSON so far, when a narrowed command adds cells to it) as one more part. ``resume``: a
+    seed whose part an earlier, interrupted run of the same command finished is merged, not run again."""
     os.makedirs(f"{RESULTS}/evidence_run", exist_ok=True)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     parts, pending, running = [], list(seeds), []
     # the files of a command adding cells are named by them, so they sit beside the study's earlier ones
     tag = study if kept is None else f"{study}_{'-'.join(spec['methods'])}_s{'-'.join(map(str, spec['staleness']))}"
+    for seed in seeds if resume else []:
+        part = f"{RESULTS}/evidence_run/{tag}_seed{seed}.json"
+        if os.path.exists(part):
+            parts.append(part)
+            pending.remove(seed)
+            print(f"[{study}] seed {seed}: {part} from an earlier run (--resume)", flush=True)
     start = time.time()
     while pending or running:
         while pending and len(running) < jobs:
@@ -115,6 +125,11 @@ def main():
     parser.add_argument("--only", nargs="+", choices=list(STUDIES), default=list(STUDIES))
     parser.add_argument("--jobs", type=int, default=2, help="compare processes at a time (one core each)")
     parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="merge the seeds an interrupted run of this command finished; run the rest",
+    )
     parser.add_argument("--methods", nargs="+", default=None, help="narrow every study to these methods")
     parser.add_argument(
         "--staleness", type=staleness_arg, nargs="+", default=None, help="narrow every study to these levels"
@@ -140,7 +155,7 @@ def main():
                 raise SystemExit(f"[{study}] {path} already holds {sorted(done & planned)}: narrow to the others")
             kept = f"{RESULTS}/evidence_run/{study}_kept.json"
             shutil.copyfile(path, kept)
-        payload = run_study(study, spec, args.seeds, args.jobs, kept)
+        payload = run_study(study, spec, args.seeds, args.jobs, kept, args.resume)
         payload["how"] = "benchmarks/evidence.py " + " ".join(sys.argv[1:])
         if kept:
             payload["how"] += f", merged with the study's earlier results ({read_json(kept).get('how')})"
