@@ -29,7 +29,7 @@ import time
 from common import provenance
 
 from tba_ext.cli import staleness_arg
-from tba_ext.tools.compare import merge
+from tba_ext.tools.compare import merge, run_cell
 from tba_ext.tools.report import read_json, write_json
 
 RESULTS = "benchmarks/results"
@@ -80,16 +80,15 @@ def seed_command(spec: dict, seed: int, run_dir: str, part: str) -> list[str]:
 
 
 def run_study(
-    study: str, spec: dict, seeds: list[int], jobs: int, kept: str | None = None, resume: bool = False
+    study: str, tag: str, spec: dict, seeds: list[int], jobs: int, kept: str | None = None, resume: bool = False
 ) -> dict:
     """The study's seeds as parallel compare processes (``jobs`` at a time), merged into its JSON and plots, with
-    ``kept`` (the study's JSON so far, when a narrowed command adds cells to it) as one more part. ``resume``: a
-    seed whose part an earlier, interrupted run of the same command finished is merged, not run again."""
+    ``kept`` (the study's JSON so far, when a narrowed command adds cells to it) as one more part. Each seed's
+    files are evidence_run/<tag>_seed<N>*. ``resume``: a seed whose part an earlier, interrupted run of the same
+    command finished is merged, not run again."""
     os.makedirs(f"{RESULTS}/evidence_run", exist_ok=True)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     parts, pending, running = [], list(seeds), []
-    # the files of a command adding cells are named by them, so they sit beside the study's earlier ones
-    tag = study if kept is None else f"{study}_{'-'.join(spec['methods'])}_s{'-'.join(map(str, spec['staleness']))}"
     for seed in seeds if resume else []:
         part = f"{RESULTS}/evidence_run/{tag}_seed{seed}.json"
         if os.path.exists(part):
@@ -146,16 +145,18 @@ def main():
         # a narrowed command adds its cells to the study's results instead of replacing them (merge refuses a
         # cell run twice); the full command starts the study again
         narrowed = spec != STUDIES[study] or args.seeds != SEEDS
+        # a narrowed command's files are named by its cells, so they sit beside the study's earlier ones
+        tag = f"{study}_{'-'.join(spec['methods'])}_s{'-'.join(map(str, spec['staleness']))}" if narrowed else study
         path = f"{RESULTS}/compare_{study}.json"
         kept = None
         if narrowed and os.path.exists(path):
-            done = {(r["method"], str(r["staleness"]), r["seed"]) for r in read_json(path)["runs"]}
+            done = {run_cell(r) for r in read_json(path)["runs"]}
             planned = {(m, str(s), seed) for m in spec["methods"] for s in spec["staleness"] for seed in args.seeds}
             if done & planned:
                 raise SystemExit(f"[{study}] {path} already holds {sorted(done & planned)}: narrow to the others")
             kept = f"{RESULTS}/evidence_run/{study}_kept.json"
             shutil.copyfile(path, kept)
-        payload = run_study(study, spec, args.seeds, args.jobs, kept, args.resume)
+        payload = run_study(study, tag, spec, args.seeds, args.jobs, kept, args.resume)
         payload["how"] = "benchmarks/evidence.py " + " ".join(sys.argv[1:])
         if kept:
             payload["how"] += f", merged with the study's earlier results ({read_json(kept).get('how')})"

@@ -297,13 +297,18 @@ def method_order(method: str) -> int:
     return list(METHODS).index(method) if method in METHODS else len(METHODS)
 
 
+def run_cell(run: dict) -> tuple[str, str, int]:
+    """What a run is one of in a grid: (method, staleness as text: ints and "mix" alike, seed)."""
+    return run["method"], str(run["staleness"]), run["seed"]
+
+
 def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> dict:
     """One grid from compare runs made in parallel (e.g. one process per seed on the same recipe and steps)."""
     parts = [report.read_json(path) for path in paths]
     for key in ("recipe", "steps"):
         if any(part[key] != parts[0][key] for part in parts):
             raise ValueError(f"cannot merge compare results with different {key}: {paths}")
-    cells = [(r["method"], str(r["staleness"]), r["seed"]) for part in parts for r in part["runs"]]
+    cells = [run_cell(r) for part in parts for r in part["runs"]]
     twice = sorted({cell for cell in cells if cells.count(cell) > 1})
     if twice:  # a run counted twice would narrow every interval it enters
         method, s, seed = twice[0]
