@@ -165,6 +165,41 @@ def test_paired_difference_is_the_paired_t_interval_over_seeds_with_both_runs():
     assert "drgrpo" not in paired_differences(runs)
 
 
+def test_staleness_cost_pairs_each_method_with_its_own_on_policy_run_and_with_dr_grpos_cost():
+    from scipy import stats
+
+    from tba_ext.tools.compare import compare_tables, staleness_cost
+
+    def run(method, s, seed, gain):
+        return {"method": method, "staleness": s, "seed": seed, "accuracy_before": 0.2, "accuracy_after": 0.2 + gain}
+
+    gains = {  # (method, s): gain per seed 0, 1, 2
+        ("tb_pg", 0): [0.10, 0.20, 0.15],
+        ("tb_pg", 10): [0.12, 0.10, 0.16],
+        ("drgrpo", 0): [0.12, 0.18, 0.10],
+        ("drgrpo", 10): [-0.10, -0.05, -0.12],
+    }
+    runs = [run(m, s, seed, g) for (m, s), by_seed in gains.items() for seed, g in enumerate(by_seed)]
+    runs.append(run("tb_pg", 10, 3, 0.5))  # no on-policy run of seed 3: no cost to pair
+    cost = staleness_cost(runs)
+    assert set(cost) == {"tb_pg", "drgrpo", "tb_pg - drgrpo"} and "0" not in cost["tb_pg"]
+    # scipy's paired t-test as the independent check: gain at s = 10 against the same seed's on-policy gain
+    for method in ("tb_pg", "drgrpo"):
+        cell = cost[method]["10"]
+        low, high = stats.ttest_rel(gains[(method, 10)], gains[(method, 0)]).confidence_interval(0.95)
+        assert cell["n_seeds"] == 3
+        assert cell["mean"] - cell["ci95"] == pytest.approx(low) and cell["mean"] + cell["ci95"] == pytest.approx(high)
+    tb_pg_cost = [a - b for a, b in zip(gains[("tb_pg", 10)], gains[("tb_pg", 0)])]
+    drgrpo_cost = [a - b for a, b in zip(gains[("drgrpo", 10)], gains[("drgrpo", 0)])]
+    low, high = stats.ttest_rel(tb_pg_cost, drgrpo_cost).confidence_interval(0.95)
+    cell = cost["tb_pg - drgrpo"]["10"]
+    assert cell["mean"] - cell["ci95"] == pytest.approx(low) and cell["mean"] + cell["ci95"] == pytest.approx(high)
+    assert cell["excludes_zero"] == (low > 0)
+    assert staleness_cost([r for r in runs if r["staleness"] == 10]) == {}  # no on-policy runs: nothing to pair
+    page = compare_tables({"summary": {}, "runs": runs, "staleness_cost": cost, "labels": {}})
+    assert "| TBA′ at s - at s = 0 | 10 | 3 |" in page and "| TBA′'s cost - Dr. GRPO's | 10 | 3 |" in page
+
+
 def test_merge_joins_grids_run_in_parallel_and_refuses_different_recipes(tmp_path):
     from tba_ext.tools.compare import merge
 

@@ -98,36 +98,58 @@ def _diversity_means(rows: list[dict]) -> dict:
     return {f"{key}_after_mean": float(np.mean([d[key] for d in after])) for key in after[0]}
 
 
-def paired_differences(results: list[dict], baseline: str = "drgrpo") -> dict:
-    """Per method and staleness, the seed-paired difference of held-out greedy gain against ``baseline`` (the same
-    seed's model, warm start and data order): mean, sd, half-width of the 95 % paired t-interval, n seeds, and
-    whether the interval excludes 0. Seeds without both runs are left out."""
-    runs = {(r["method"], str(r["staleness"]), r["seed"]): r for r in results}
-    diffs: dict = {}
-    for (method, s, seed), r in sorted(runs.items(), key=lambda kv: str(kv[0])):
-        base = runs.get((baseline, s, seed))
-        if method != baseline and base is not None:
-            gain = r["accuracy_after"] - r["accuracy_before"]
-            diffs.setdefault(method, {}).setdefault(s, []).append(
-                gain - (base["accuracy_after"] - base["accuracy_before"])
-            )
+def _gains(results: list[dict]) -> dict[tuple[str, str, int], float]:
+    """Held-out greedy gain (after - before) of each run, by (method, staleness as text, seed)."""
+    return {run_cell(r): r["accuracy_after"] - r["accuracy_before"] for r in results}
+
+
+def _paired_cells(diffs: dict) -> dict:
+    """method -> s -> per-seed differences, summarised: mean, sd, half-width of the 95 % paired t-interval, n seeds
+    and whether the interval excludes 0."""
     out: dict = {}
     for method, by_s in diffs.items():
         for s, values in by_s.items():
             mean, sd, half = interval95(values)
-            excludes_zero = len(values) > 1 and (mean - half > 0 or mean + half < 0)
             out.setdefault(method, {})[s] = {
                 "mean": mean,
                 "sd": sd,
                 "ci95": half,
                 "n_seeds": len(values),
-                "excludes_zero": excludes_zero,
+                "excludes_zero": len(values) > 1 and (mean - half > 0 or mean + half < 0),
             }
     return out
 
 
-def _method_order(method: str) -> int:
-    return list(METHODS).index(method) if method in METHODS else len(METHODS)
+def paired_differences(results: list[dict], baseline: str = "drgrpo") -> dict:
+    """Per method and staleness, the seed-paired difference of held-out greedy gain against ``baseline`` (the same
+    seed's model, warm start and data order), summarised by ``_paired_cells``. Seeds without both runs are left
+    out."""
+    gains = _gains(results)
+    diffs: dict = {}
+    for (method, s, seed), gain in sorted(gains.items(), key=lambda kv: str(kv[0])):
+        base = gains.get((baseline, s, seed))
+        if method != baseline and base is not None:
+            diffs.setdefault(method, {}).setdefault(s, []).append(gain - base)
+    return _paired_cells(diffs)
+
+
+def staleness_cost(results: list[dict], baseline: str = "drgrpo") -> dict:
+    """What staleness costs each method, paired by seed: its held-out greedy gain at s minus its own on-policy
+    (s = 0) gain on the same seed; and, under ``"<method> - <baseline>"``, that cost minus the baseline's on the
+    same seed (does a method lose less to stale data than Dr. GRPO does?). Summarised by ``_paired_cells``; empty
+    without on-policy runs."""
+    gains = _gains(results)
+    cost = {
+        (method, s, seed): gain - gains[(method, "0", seed)]
+        for (method, s, seed), gain in gains.items()
+        if s != "0" and (method, "0", seed) in gains
+    }
+    diffs: dict = {}
+    for (method, s, seed), c in sorted(cost.items(), key=lambda kv: (method_order(kv[0][0]), str(kv[0]))):
+        diffs.setdefault(method, {}).setdefault(s, []).append(c)
+        if method != baseline and (baseline, s, seed) in cost:
+            diffs.setdefault(f"{method} - {baseline}", {}).setdefault(s, []).append(c - cost[(baseline, s, seed)])
+    return _paired_cells(diffs)
 
 
 def _band_plot(curves: dict, path: str, x: str) -> None:
@@ -141,7 +163,7 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
     for name, runs in curves.items():
         method, _, s = name.rpartition(" s=")
         by_method.setdefault(method, {})[str(s)] = runs
-    methods = sorted(by_method, key=_method_order)
+    methods = sorted(by_method, key=method_order)
     levels = sorted({s for by_s in by_method.values() for s in by_s}, key=level_order)
     if len(levels) == 1 or MIXED in levels:  # a panel per staleness, a line per method (the stress study)
         panels = {
@@ -337,6 +359,7 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
     """Summary, paired differences, JSON, band plots (vs updates and vs wall-clock) and report.md of a compare run."""
     payload["summary"] = summarise(payload["runs"])
     payload["paired_vs_drgrpo"] = paired_differences(payload["runs"])
+    payload["staleness_cost"] = staleness_cost(payload["runs"])
     if any(r["method"] == "tb_pg_nokl" for r in payload["runs"]):  # the stress study: what the KL term adds
         payload["paired_vs_tb_pg_nokl"] = paired_differences(payload["runs"], baseline="tb_pg_nokl")
     _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_updates.png", "step")
@@ -388,13 +411,29 @@ def compare_tables(doc: dict) -> str:
             )
     for key, baseline in (("paired_vs_drgrpo", "Dr. GRPO"), ("paired_vs_tb_pg_nokl", "TBA′ β=0")):
         if doc.get(key):
-            rows += ["", *_paired_rows(doc[key], labels, baseline)]
+            intro = f"Paired by seed (same warm start and data order), greedy gain minus {baseline}'s"
+            rows += ["", *_paired_rows(doc[key], intro, lambda m, b=baseline: f"{labels.get(m, m)} - {b}")]
+    if doc.get("staleness_cost"):
+        intro = (
+            "Staleness cost, paired by seed: a method's greedy gain at s minus its own on-policy (s = 0) gain, and "
+            "that cost minus Dr. GRPO's (above 0: the method loses less to stale data)"
+        )
+        rows += ["", *_paired_rows(doc["staleness_cost"], intro, lambda m: _cost_name(m, labels))]
     return "\n".join(rows) + "\n" + _diversity_table(doc)
 
 
-def _paired_rows(paired: dict, labels: dict, baseline: str) -> list[str]:
+def _cost_name(key: str, labels: dict) -> str:
+    """A staleness_cost row's name: "TBA′ at s - at s = 0", or "TBA′'s cost - Dr. GRPO's" for a paired cost."""
+    method, _, baseline = key.partition(" - ")
+    if baseline:
+        return f"{labels.get(method, label(method))}'s cost - {labels.get(baseline, label(baseline))}'s"
+    return f"{labels.get(method, label(method))} at s - at s = 0"
+
+
+def _paired_rows(paired: dict, intro: str, name) -> list[str]:
+    """A table of seed-paired differences (``_paired_cells``), each row named by ``name(key)``."""
     rows = [
-        f"Paired by seed (same warm start and data order), greedy gain minus {baseline}'s, 95 % paired t-interval:",
+        f"{intro}, 95 % paired t-interval:",
         "",
         "| difference | s | n seeds | mean +- sd | 95 % interval | excludes 0 |",
         "|---|---|---|---|---|---|",
@@ -403,7 +442,7 @@ def _paired_rows(paired: dict, labels: dict, baseline: str) -> list[str]:
         for s in sorted(cells, key=level_order):
             c = cells[s]
             rows.append(
-                f"| {labels.get(method, method)} - {baseline} | {s} | {c['n_seeds']} | {c['mean']:+.3f} +- "
+                f"| {name(method)} | {s} | {c['n_seeds']} | {c['mean']:+.3f} +- "
                 f"{c['sd']:.3f} | {_interval(c['mean'], c['ci95'], c['n_seeds'])} | "
                 f"{'yes' if c['excludes_zero'] else 'no'} |"
             )
