@@ -145,8 +145,10 @@ def staleness_cost(results: list[dict], baseline: str = "drgrpo") -> dict:
         if s != "0" and (method, "0", seed) in gains
     }
     diffs: dict = {}
-    for (method, s, seed), c in sorted(cost.items(), key=lambda kv: (method_order(kv[0][0]), str(kv[0]))):
+    ordered = sorted(cost.items(), key=lambda kv: (method_order(kv[0][0]), str(kv[0])))
+    for (method, s, _seed), c in ordered:  # each method's own cost, then each cost against the baseline's
         diffs.setdefault(method, {}).setdefault(s, []).append(c)
+    for (method, s, seed), c in ordered:
         if method != baseline and (baseline, s, seed) in cost:
             diffs.setdefault(f"{method} - {baseline}", {}).setdefault(s, []).append(c - cost[(baseline, s, seed)])
     return _paired_cells(diffs)
