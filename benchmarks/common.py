@@ -78,12 +78,20 @@ def provenance() -> dict:
         except md.PackageNotFoundError:
             return None
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-        ).stdout.strip()
-    )
+    import tba_ext
+
+    # the checkout the imported tba_ext came from (a study run from a worktree through PYTHONPATH ran that code, not
+    # the current folder's); the current folder where tba_ext is installed from a wheel
+    package = os.path.dirname(os.path.abspath(tba_ext.__file__))
+
+    inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True, cwd=package)
+    where = package if inside.stdout.strip() == "true" else None
+
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=where).stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     return {
         "commit": commit,
         "dirty": dirty,
