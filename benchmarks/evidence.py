@@ -12,9 +12,10 @@ narrow a study and add its cells to the study's JSON (a cell already there is re
 it ran (``getrusage`` of reaped children: a lower bound). ``--resume`` merges the seeds an interrupted run of the same
 command finished (their part JSONs in evidence_run/) and runs only the others; ``cost`` then counts those.
 
-CPU cost on the project's 2-core machine: a run is ~8 min on one core (60 updates of 32 prompts x 8), so a grid of
-3 methods x 2 staleness levels x 5 seeds (30 runs) takes about 2 hours with ``--jobs 2``; a stress run (60 updates
-at s = 32 after 32 batches of warm-up generation, or mixed after a 12.75-batch initial buffer) 12-15 min.
+CPU cost on the project's 2-core machine: an arith20 run (60 updates of 32 prompts x 8) is ~8 min alone and ~12 min
+two at a time, so one staleness level of a grid (3 methods x 5 seeds) took 2.1 hours with ``--jobs 2`` (arith20
+at s = 0; countdown's 40 updates take about two thirds of that); a stress run (60 updates at s = 32 after 32
+batches of warm-up generation, or mixed after a 12.75-batch initial buffer) 12-15 min.
 """
 
 import argparse
