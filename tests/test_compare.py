@@ -281,12 +281,11 @@ def test_a_stress_study_at_one_staleness_pairs_against_both_baselines_and_render
 def test_provenance_names_the_commit_of_the_tba_ext_that_ran_not_of_the_current_folder(tmp_path, monkeypatch):
     """A study run from another checkout (a worktree on PYTHONPATH) records that checkout's commit."""
     import subprocess
-    import sys
     from pathlib import Path
 
     import tba_ext
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from common import provenance
 
     checkout = Path(tba_ext.__file__).resolve().parents[1]
