@@ -87,7 +87,6 @@ def run_study(
     ``kept`` (the study's JSON so far, when a narrowed command adds cells to it) as one more part. Each seed's
     files are evidence_run/<tag>_seed<N>*. ``resume``: a seed whose part an earlier, interrupted run of the same
     command finished is merged, not run again."""
-    os.makedirs(f"{RESULTS}/evidence_run", exist_ok=True)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     parts, pending, running = [], list(seeds), []
     for seed in seeds if resume else []:
@@ -135,6 +134,7 @@ def main():
         "--staleness", type=staleness_arg, nargs="+", default=None, help="narrow every study to these levels"
     )
     args = parser.parse_args()
+    os.makedirs(f"{RESULTS}/evidence_run", exist_ok=True)  # a fresh clone has no such folder; parts and kept go there
     for study in args.only:
         spec = dict(STUDIES[study])
         if args.methods:
