@@ -106,9 +106,10 @@ class Method:
 METHODS = {
     "tb": Method("TB", "cpu_tba", "tba_", True),
     "tb_pg": Method("TBA′", "cpu_tb_pg", "tba_", True),
-    "drgrpo": Method("Dr. GRPO", "cpu_drgrpo", "", False),
-    # the staleness stress's arm: TBA′ with beta = 0, its advantage the plain group-centred reward (no KL term)
+    # the staleness stress's arm: TBA′ with beta = 0, its advantage the plain group-centred reward (no KL term);
+    # next to TBA′ so that tables list the two side by side
     "tb_pg_nokl": Method("TBA′ β=0", "cpu_tb_pg", "tba_", True, ("algorithm.kl_ctrl.kl_coef=0.0",)),
+    "drgrpo": Method("Dr. GRPO", "cpu_drgrpo", "", False),
 }
 COMPARED = ("tb", "tb_pg", "drgrpo")  # what compare trains unless told otherwise
 
