@@ -14,8 +14,10 @@ command finished (their part JSONs in evidence_run/) and runs only the others; `
 
 CPU cost on the project's 2-core machine: an arith20 run (60 updates of 32 prompts x 8) is ~8 min alone and ~12 min
 two at a time, so one staleness level of a grid (3 methods x 5 seeds) took 2.1 hours with ``--jobs 2`` (arith20
-at s = 0; countdown's 40 updates take about two thirds of that); a stress run (60 updates at s = 32 after 32
-batches of warm-up generation, or mixed after a 12.75-batch initial buffer) 12-15 min.
+at s = 0; countdown's 40 updates take about two thirds of that). Stress runs (60 updates), two at a time: at s = 32,
+after 32 batches of warm-up generation, 17-18 min for each TBA′ arm and 38 min for Dr. GRPO (verl's separate
+old-log-prob pass, and validation in its colocate_async mode that averaged 14 s per update against TBA′'s 0.4 s),
+so three seeds took about two hours; mixed, after a 12.75-batch initial buffer, 12-15 min.
 """
 
 import argparse
