@@ -292,3 +292,25 @@ def test_provenance_names_the_commit_of_the_tba_ext_that_ran_not_of_the_current_
     expected = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
     monkeypatch.chdir(tmp_path)  # not a git folder
     assert provenance()["commit"] == expected.stdout.strip() != ""
+
+
+def test_every_evidence_study_is_a_compare_grid_the_docs_render(monkeypatch):
+    """benchmarks/evidence.py's studies name known tasks, methods and staleness levels, and each has its section in
+    docs/generate.py (which refuses a results JSON it has no renderer for)."""
+    from pathlib import Path
+
+    from tba_ext.tools.recipe import TASK_RECIPES, staleness_level
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    monkeypatch.syspath_prepend(str(root / "docs"))
+    import evidence
+    import generate
+
+    for study, spec in evidence.STUDIES.items():
+        assert spec["task"] in TASK_RECIPES, study
+        assert set(spec["methods"]) <= set(METHODS), study
+        assert [staleness_level(s) for s in spec["staleness"]] == spec["staleness"], study
+        assert spec.get("seeds", evidence.SEEDS), study
+        assert f"compare_{study}" in generate.RENDERERS, study
+        assert f"compare_{study}" in generate.blocks(), study
