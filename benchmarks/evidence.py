@@ -1,6 +1,6 @@
 """Every figure of the compare page from one command: the seed-paired grid on both CPU tasks and the staleness stress.
 
-    python benchmarks/evidence.py [--only arith20 countdown stress] [--jobs 2]
+    python benchmarks/evidence.py [--only arith20 countdown stress stress_long] [--jobs 2]
                                   [--seeds 0 1 2 3 4] [--methods ...] [--staleness ...] [--resume]
 
 Each study is ``tba-ext compare`` on one task. Its seeds run as separate processes, ``--jobs`` at a time, each in
@@ -17,7 +17,8 @@ two at a time, so one staleness level of a grid (3 methods x 5 seeds) took 2.1 h
 at s = 0; countdown's 40 updates take about two thirds of that). Stress runs (60 updates), two at a time: at s = 32,
 after 32 batches of warm-up generation, 17-18 min for each TBA′ arm and 38 min for Dr. GRPO (verl's separate
 old-log-prob pass, and validation in its colocate_async mode that averaged 14 s per update against TBA′'s 0.4 s),
-so three seeds took about two hours; mixed, after a 12.75-batch initial buffer, 12-15 min.
+so three seeds took about two hours; mixed, after a 12.75-batch initial buffer, 12-15 min. stress_long's two
+120-update runs took 28 min side by side as two processes; evidence.py runs a seed's methods one after the other.
 """
 
 import argparse
@@ -60,8 +61,17 @@ STUDIES = {
         "steps": 60,
         "eval_every": 10,
     },
+    "stress_long": {  # TBA′ with and without KL at s = 32 for 120 updates, past the ~100 after which tba-prime's
+        # report saw the run without KL collapse; one seed, at about an hour a run
+        "task": "arith20",
+        "methods": ["tb_pg", "tb_pg_nokl"],
+        "staleness": [32],
+        "steps": 120,
+        "eval_every": 20,
+        "seeds": [0],
+    },
 }
-SEEDS = [0, 1, 2, 3, 4]
+SEEDS = [0, 1, 2, 3, 4]  # a study's seeds unless it names its own
 
 
 def seed_command(spec: dict, seed: int, run_dir: str, part: str) -> list[str]:
@@ -125,7 +135,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="+", choices=list(STUDIES), default=list(STUDIES))
     parser.add_argument("--jobs", type=int, default=2, help="compare processes at a time (one core each)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="narrow every study to these seeds")
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -147,19 +157,21 @@ def main():
             continue  # narrowed to nothing
         # a narrowed command adds its cells to the study's results instead of replacing them (merge refuses a
         # cell run twice); the full command starts the study again
-        narrowed = spec != STUDIES[study] or args.seeds != SEEDS
+        study_seeds = STUDIES[study].get("seeds", SEEDS)
+        seeds = args.seeds or study_seeds
+        narrowed = spec != STUDIES[study] or seeds != study_seeds
         # a narrowed command's files are named by its cells, so they sit beside the study's earlier ones
         tag = f"{study}_{'-'.join(spec['methods'])}_s{'-'.join(map(str, spec['staleness']))}" if narrowed else study
         path = f"{RESULTS}/compare_{study}.json"
         kept = None
         if narrowed and os.path.exists(path):
             done = {run_cell(r) for r in read_json(path)["runs"]}
-            planned = {(m, str(s), seed) for m in spec["methods"] for s in spec["staleness"] for seed in args.seeds}
+            planned = {(m, str(s), seed) for m in spec["methods"] for s in spec["staleness"] for seed in seeds}
             if done & planned:
                 raise SystemExit(f"[{study}] {path} already holds {sorted(done & planned)}: narrow to the others")
             kept = f"{RESULTS}/evidence_run/{study}_kept.json"
             shutil.copyfile(path, kept)
-        payload = run_study(study, tag, spec, args.seeds, args.jobs, kept, args.resume)
+        payload = run_study(study, tag, spec, seeds, args.jobs, kept, args.resume)
         payload["how"] = "benchmarks/evidence.py " + " ".join(sys.argv[1:])
         if kept:
             payload["how"] += f", merged with the study's earlier results ({read_json(kept).get('how')})"

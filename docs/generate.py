@@ -426,6 +426,7 @@ RENDERERS = {
     "compare_arith20": ("Paired grid on arith20", "benchmarks/evidence.py", compare_tables),
     "compare_countdown": ("Paired grid on countdown", "benchmarks/evidence.py", compare_tables),
     "compare_stress": ("Staleness stress: s = 32, with and without KL", "benchmarks/evidence.py", compare_tables),
+    "compare_stress_long": ("Staleness stress: 120 updates at s = 32", "benchmarks/evidence.py", compare_tables),
     "e2e_margins": ("How close the e2e checks come to their bounds", "benchmarks/e2e_margins.py", e2e_margins),
     "cpu_overlap": ("What two cores give", "benchmarks/cpu_overlap.py", cpu_overlap),
     "gpu_smoke": ("One fused TB and TBA′ update on a GPU", "benchmarks/gpu_smoke.py", gpu_smoke),
@@ -480,7 +481,7 @@ def blocks() -> dict[str, str]:
         "cli": cli_reference,
         **{
             study: functools.partial(study_block, study)
-            for study in ("compare_arith20", "compare_countdown", "compare_stress")
+            for study in ("compare_arith20", "compare_countdown", "compare_stress", "compare_stress_long")
         },
         "soak": lambda: soak_block(load_results().get("soak.json")),
     }
