@@ -62,7 +62,7 @@ STUDIES = {
         "eval_every": 10,
     },
     "stress_long": {  # TBA′ with and without KL at s = 32 for 120 updates, past the ~100 after which tba-prime's
-        # report saw the run without KL collapse; one seed, at about an hour a run
+        # report saw the run without KL collapse; one seed (28 min a run, two side by side)
         "task": "arith20",
         "methods": ["tb_pg", "tb_pg_nokl"],
         "staleness": [32],

@@ -481,7 +481,8 @@ def blocks() -> dict[str, str]:
         "cli": cli_reference,
         **{
             study: functools.partial(study_block, study)
-            for study in ("compare_arith20", "compare_countdown", "compare_stress", "compare_stress_long")
+            for study in RENDERERS
+            if study.startswith("compare_")  # each compare study's results section has its block on the compare page
         },
         "soak": lambda: soak_block(load_results().get("soak.json")),
     }
