@@ -38,6 +38,7 @@ import time
 import psutil
 from common import prepare_run, process_kind, provenance
 
+from tba_ext.core.hold import HOLD_AT_ENV, HOLD_DIR_ENV, marker
 from tba_ext.core.replay import REPLAY_FILE, saved_ledger
 from tba_ext.core.steps import step_folder
 from tba_ext.tools.processes import children, cmdline, session_pids
@@ -80,8 +81,12 @@ def parse(argv=None):
 class Segment:
     """One launch of the run, from start (or resume) to its exit."""
 
-    def __init__(self, index: int, run: str, ckpt: str, steps: int, args):
+    def __init__(self, index: int, run: str, ckpt: str, steps: int, args, pending: list):
         self.index, self.metrics = index, f"{run}/segment_{index}.jsonl"
+        # the trainer holds at the start of the step after each pending fault's, until the fault is injected
+        self.holds = f"{run}/holds_{index}"
+        os.makedirs(self.holds, exist_ok=True)
+        hold_env = {HOLD_AT_ENV: ",".join(f"step_begin@{at + 1}" for at, _ in pending), HOLD_DIR_ENV: self.holds}
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -107,6 +112,7 @@ class Segment:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=dict(os.environ, **hold_env),
         )
         self.started = time.time()
         self.seen: dict[int, float] = {}  # step -> wall time it was first seen logged
@@ -117,6 +123,13 @@ class Segment:
         for r in records:
             self.seen.setdefault(r["step"], now)
         return records
+
+    def held_after(self, at: int) -> bool:
+        """Whether the trainer is held at the start of step ``at + 1`` (step ``at`` done)."""
+        return os.path.exists(marker(self.holds, "step_begin", at + 1, "reached"))
+
+    def release(self, at: int) -> None:
+        open(marker(self.holds, "step_begin", at + 1, "release"), "w").close()
 
     def driver(self) -> int | None:
         kids = [p for p in children(self.proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]
@@ -174,7 +187,7 @@ def run_soak(args) -> dict:
     deadline = time.time() + 60 * args.max_minutes
     start = time.time()
     while time.time() < deadline:
-        segment = Segment(len(segments), run, ckpt, steps, args)
+        segment = Segment(len(segments), run, ckpt, steps, args, pending)
         resumed_from = last_checkpoint(ckpt)
         segments.append({"index": segment.index, "resumed_from_step": resumed_from, "metrics": segment.metrics})
         print(f"soak: segment {segment.index} from step {resumed_from}", flush=True)
@@ -192,8 +205,9 @@ def run_soak(args) -> dict:
 
 
 def watch(segment: Segment, pending: list, faults: list, timeline: list, ckpt: str, args, deadline, start) -> str:
-    """Poll the segment until it exits; inject the faults whose step it reaches. Returns "done" (planned end),
-    "corrupt_store" (trainer killed for a store corruption) or "exited" (killed, stalled, or failed)."""
+    """Poll the segment until it exits; inject each fault while the trainer is held after its step. Returns "done"
+    (planned end), "corrupt_store" (trainer killed for a store corruption) or "exited" (killed, stalled, or
+    failed)."""
     stalled: tuple[int, float] | None = None
     injected = False
     next_memory = 0.0
@@ -206,26 +220,28 @@ def watch(segment: Segment, pending: list, faults: list, timeline: list, ckpt: s
         if stalled and time.time() > stalled[1]:  # the run went on without it: let the searcher go
             resume_process(stalled[0])
             stalled = None
-        if pending and step >= pending[0][0]:
+        if pending and segment.held_after(pending[0][0]):  # the fault lands while the trainer is held
             at, kind = pending.pop(0)
             fault = {"step": at, "kind": kind, "time": time.time(), "segment": segment.index, "at_step": step}
             faults.append(fault)
             injected = True
-            print(f"soak: fault {kind} at step {step}", flush=True)
+            print(f"soak: fault {kind} after step {at}", flush=True)
             if kind in ("kill_searcher", "stall_searcher"):
                 searchers = segment.searchers()
                 if not searchers:
                     fault["skipped"] = "no searcher process found"
-                    continue
-                os.kill(searchers[0], signal.SIGKILL if kind == "kill_searcher" else signal.SIGSTOP)
-                if kind == "stall_searcher":
-                    stalled = (searchers[0], time.time() + 1.5 * args.stall_timeout)
-            else:
-                driver = segment.driver()
-                if driver:
-                    os.kill(driver, signal.SIGKILL)
-                segment.proc.wait(timeout=300)
-                return kind if kind == "corrupt_store" else "exited"
+                else:
+                    os.kill(searchers[0], signal.SIGKILL if kind == "kill_searcher" else signal.SIGSTOP)
+                    if kind == "stall_searcher":
+                        stalled = (searchers[0], time.time() + 1.5 * args.stall_timeout)
+                segment.release(at)
+                continue
+            driver = segment.driver()
+            if driver is None:
+                raise RuntimeError(f"segment {segment.index}: held after step {at} but its verl driver is gone")
+            os.kill(driver, signal.SIGKILL)
+            segment.proc.wait(timeout=300)
+            return kind if kind == "corrupt_store" else "exited"
         time.sleep(0.5)
     if segment.proc.poll() is None:  # out of time: stop the run, keep what it did
         segment.proc.send_signal(signal.SIGINT)

@@ -15,6 +15,10 @@ import pytest
 # when the policy is nearly deterministic on the sampled tokens or positive and negative tokens cancel, so a test
 # asks it to clear rounding, not to reach a size.
 SAME_WEIGHTS_KL = 1e-5
+# |log pi_theta - log pi_rollout| on one token when the rollout serves the trainer's weights: float32 rounding of
+# two engines (incremental decoding against one forward pass), measured below 1e-5; a weight version one update
+# old at the tests' learning rates moves log-probs by 1e-2 or more (the fused loss's weight-sync check)
+SAME_WEIGHTS_LOGPROB = 1e-4
 
 
 @pytest.fixture(autouse=True)
@@ -80,3 +84,55 @@ def margin(request):
         assert ratio < 1.0, f"{name}: {value:.3g} is not {'below' if below else 'above'} {bound:.3g}"
 
     return check
+
+
+def wait_for(predicate, timeout: float, what: str, proc=None) -> None:
+    """Poll ``predicate`` until it holds; fail saying what was awaited if the run ends or the time runs out."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read()[-3000:] if proc.stdout else ""
+            raise AssertionError(f"the run ended (code {proc.returncode}) before {what}:\n{out}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Holds:
+    """Hold points (``tba_ext/core/hold.py``) for runs a test starts: ``env(...)`` goes into the run's environment,
+    ``reached(point, proc)`` waits until the run is held there (or fails saying what it waited for), and
+    ``release(point)`` lets it go on."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def env(self, *points: str) -> dict:
+        from tba_ext.core.hold import HOLD_AT_ENV, HOLD_DIR_ENV
+
+        return {HOLD_AT_ENV: ",".join(points), HOLD_DIR_ENV: str(self.folder)}
+
+    def _marker(self, point: str, kind: str) -> str:
+        from tba_ext.core.hold import marker
+
+        name, _, at = point.partition("@")
+        return marker(str(self.folder), name, int(at), kind)
+
+    def reached(self, point: str, proc, timeout: float = 600.0) -> dict:
+        import json
+
+        path = self._marker(point, "reached")
+        wait_for(lambda: os.path.exists(path), timeout, f"it reached the hold point {point}", proc)
+        with open(path) as f:
+            return json.load(f)
+
+    def release(self, point: str) -> None:
+        open(self._marker(point, "release"), "w").close()
+
+
+@pytest.fixture()
+def holds(tmp_path):
+    return Holds(tmp_path / "holds")

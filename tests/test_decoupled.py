@@ -9,10 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import SAME_WEIGHTS_KL
+from conftest import SAME_WEIGHTS_KL, wait_for
 
 from tba_ext.tools.processes import children, cmdline, session_pids
 from tba_ext.tools.report import read_metrics
@@ -56,25 +55,14 @@ def default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def wait_for(predicate, timeout, what, proc=None):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run ended (code {proc.returncode}) before {what}:\n{proc.stdout.read()[-3000:]}")
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def verl_session(proc):
     kids = [p for p in children(proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]
     return kids[0] if kids else None
 
 
-def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(tiny_run, tmp_path, margin):
-    """N = 2 searchers, each its own Ray actor process; one is SIGKILLed after step 2: Ray restarts it, it
-    starts from the newest published weights, and training goes on with both."""
+def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(tiny_run, tmp_path, margin, holds):
+    """N = 2 searchers, each its own Ray actor process; one is SIGKILLed while the trainer is held after step 2:
+    Ray restarts it, it starts from the newest published weights, and training goes on with both."""
     trace = tmp_path / "rollout_trace.jsonl"
     proc, metrics = start_train(
         "cpu_tba_decoupled",
@@ -84,14 +72,15 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
         "ray_kwargs.ray_init.num_gpus=3",
         "tba.ref_cache_check=true",
-        env={"TBA_EXT_ROLLOUT_TRACE": str(trace)},
+        env={"TBA_EXT_ROLLOUT_TRACE": str(trace), **holds.env("step_begin@3")},
     )
     try:
-        wait_for(lambda: len(steps_logged(metrics)) >= 2, 600, "two trainer steps", proc)
+        holds.reached("step_begin@3", proc)  # the trainer held after two steps while the searchers run on
         sid = verl_session(proc)
         searchers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
         assert len(searchers) == 2  # each searcher is its own Ray actor process, apart from the trainer
         os.kill(searchers[0], signal.SIGKILL)
+        holds.release("step_begin@3")
         out, _ = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
@@ -145,14 +134,21 @@ def test_two_free_running_searchers_sync_every_k_and_survive_the_death_of_one(ti
     assert not session_pids(verl_session(proc) or -1)
 
 
-def test_dr_grpo_trains_its_rollout_serves_the_new_weights_and_ctrl_c_stops_everything(tiny_run, tmp_path, margin):
+def test_dr_grpo_trains_its_rollout_serves_the_new_weights_and_ctrl_c_stops_everything(
+    tiny_run, tmp_path, margin, holds
+):
     """verl's own Dr. GRPO pipeline on CPU (one run, two checks that do not interfere): it trains and the rollout
     serves each step's new weights; Ctrl-C after step 3 stops the run and every process of its session."""
     trace = tmp_path / "rollout_trace.jsonl"
     proc, metrics = start_train(
-        "cpu_drgrpo", tiny_run, tmp_path, "trainer.total_training_steps=50", env={"TBA_EXT_ROLLOUT_TRACE": str(trace)}
+        "cpu_drgrpo",
+        tiny_run,
+        tmp_path,
+        "trainer.total_training_steps=50",
+        env={"TBA_EXT_ROLLOUT_TRACE": str(trace), **holds.env("generate_begin@3")},
     )
-    wait_for(lambda: len(steps_logged(metrics)) >= 3, 600, "three steps", proc)
+    # verl's own trainer has no tba-ext hold point: the rollout holds as it starts generating with step 3's weights
+    holds.reached("generate_begin@3", proc)  # Ctrl-C stops a held run too
     sid = verl_session(proc)
     assert sid and session_pids(sid)
     proc.send_signal(signal.SIGINT)
@@ -176,24 +172,31 @@ def test_dr_grpo_trains_its_rollout_serves_the_new_weights_and_ctrl_c_stops_ever
     margin("rollout vs trainer prob diff", max(d["training/rollout_probs_diff_max"] for d in data), 1e-4)
 
 
-def test_a_frozen_rollout_worker_ends_the_run_with_a_clear_message(tiny_run, tmp_path):
+def test_a_frozen_rollout_worker_ends_the_run_with_a_clear_message(tiny_run, tmp_path, holds):
     """A worker that hangs (here: the rollout server SIGSTOPped after step 1) leaves verl waiting forever; the
     launcher's watchdog stops the run, says why, and leaves no process of the session behind."""
     proc, metrics = start_train(
-        "cpu_tb", tiny_run, tmp_path, "--stall-timeout", "30", "trainer.total_training_steps=20"
+        "cpu_tb",
+        tiny_run,
+        tmp_path,
+        "--stall-timeout",
+        "15",  # counted from step 1, which the test holds the trainer after until the server is stopped
+        "trainer.total_training_steps=20",
+        env=holds.env("step_begin@2"),
     )
     try:
-        wait_for(lambda: len(steps_logged(metrics)) >= 1, 600, "the first step", proc)
+        holds.reached("step_begin@2", proc)
         sid = verl_session(proc)
         servers = [p for p in session_pids(sid) if "HFCPUServer" in cmdline(p)]
         assert len(servers) == 1
         os.kill(servers[0], signal.SIGSTOP)
+        holds.release("step_begin@2")  # step 2 goes on and waits forever for the stopped server
         out, _ = proc.communicate(timeout=600)  # without a limit this would never return
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1
-    assert "no training step finished in 30s after step" in out, out[-3000:]
+    assert "no training step finished in 15s after step" in out, out[-3000:]
     assert len(steps_logged(metrics)) < 20
     assert not session_pids(sid)
 

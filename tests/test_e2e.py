@@ -3,14 +3,13 @@
 Each launch costs about a minute of Ray/TransferQueue start-up, so the suite keeps them few.
 """
 
-import json
 import math
 import os
 import subprocess
 import sys
 
 import pytest
-from conftest import SAME_WEIGHTS_KL
+from conftest import SAME_WEIGHTS_KL, SAME_WEIGHTS_LOGPROB, wait_for
 
 from tba_ext.adapters.reference import REFERENCE_DIR
 from tba_ext.core.replay import REPLAY_FILE
@@ -24,14 +23,13 @@ def series(records, key):
     return [r["data"][key] for r in records if key in r["data"]]
 
 
-def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run, tmp_path, margin):
+def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run, tmp_path, margin, holds):
     """TB + replay in colocate_async, one run of 6 steps killed with SIGKILL twice: right after its step-2
     checkpoint, then (resumed) while the rollout generates a batch after the step-4 checkpoint; each resumed run
     continues the step count without double counting, restores the saved replay store and the moved reference,
     and carries on the beta schedule. Two mini-batches per step: every count is in optimizer updates, two per
     global step; the reference is reset every 4 updates (after steps 2, 4, 6, before their checkpoints)."""
     import signal
-    import time
 
     from tba_ext.core.replay import load_checked
     from tba_ext.core.tb import beta_at_step, first_update, wsd_lr_ratio
@@ -39,9 +37,6 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
 
     def steps_logged(path):
         return read_metrics(path) if os.path.exists(path) else []
-
-    def trace_events():
-        return [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []
 
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
     tracker = ckpt / "latest_checkpointed_iteration.txt"
@@ -65,7 +60,8 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
         "tba.lr_schedule.decay_updates=6",
     ]
 
-    def run_killed(name, ready):
+    def run_killed(name, point, ready=None, what=""):
+        """Start a run held at ``point``; once it is held there (and ``ready`` holds), kill -9 its verl driver."""
         metrics = tmp_path / f"{name}.jsonl"
         proc = subprocess.Popen(
             [
@@ -84,20 +80,21 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=dict(os.environ, TBA_EXT_ROLLOUT_TRACE=str(trace)),
+            env=dict(os.environ, TBA_EXT_ROLLOUT_TRACE=str(trace), **holds.env(point)),
         )
-        deadline, driver = time.time() + 600, None
-        while time.time() < deadline and proc.poll() is None:
-            if driver is None:  # looked up beforehand: the kill must follow the ready check directly
-                drivers = [p for p in children(proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]
-                driver = drivers[0] if drivers else None
-            elif ready(metrics):
-                break
-            time.sleep(0.005)
-        os.kill(driver, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 1 and "verl exited with code -9" in out
-        assert not session_pids(driver)  # the launcher cleaned up the killed run's Ray processes
+        try:
+            holds.reached(point, proc)
+            if ready is not None:  # the rest of the program goes on up to where it needs the held part
+                wait_for(lambda: ready(metrics), 300, what, proc)
+            drivers = [p for p in children(proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]
+            assert len(drivers) == 1, f"the launcher's verl driver, held at {point}: found {drivers}"
+            os.kill(drivers[0], signal.SIGKILL)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 1 and "verl exited with code -9" in out, out[-3000:]
+        assert not session_pids(drivers[0])  # the launcher cleaned up the killed run's Ray processes
         return read_metrics(metrics)
 
     def saved_store(step):
@@ -105,16 +102,17 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
         assert (ckpt / f"global_step_{step}" / REFERENCE_DIR).is_dir()  # the reset reference, saved with it
         return saved.read_bytes(), len(load_checked(str(saved))["sampler"]["store"]["trajectories"])
 
-    first = run_killed("first", lambda metrics: tracker.exists())  # right after the step-2 checkpoint
+    first = run_killed("first", "checkpoint_saved@2")  # the trainer held right after its step-2 checkpoint
     assert int(tracker.read_text()) == 2
     bytes_2, n_saved_2 = saved_store(2)
 
-    def generating_after_step_4(metrics):
-        # after the step-4 checkpoint, a batch has started generating and not finished (a batch takes ~30 ms)
-        events = trace_events() if len(steps_logged(metrics)) >= 2 else []
-        return bool(events) and events[-1]["event"] == "generate_begin"
-
-    second = run_killed("second", generating_after_step_4)
+    # the rollout held as it begins a batch with the weights of step 4, the trainer gone on to save that step
+    second = run_killed(
+        "second",
+        "generate_begin@4",
+        ready=lambda metrics: len(steps_logged(metrics)) >= 2 and tracker.read_text().strip() == "4",
+        what="steps 3 and 4 logged and the step-4 checkpoint saved",
+    )
     assert [r["step"] for r in second][:2] == [3, 4]  # continues, no double counting
     assert series(second, "replay/restored_trajectories") == [n_saved_2]
     last = int(tracker.read_text())
@@ -239,10 +237,11 @@ def test_a_bad_reward_function_stops_the_run_naming_it_and_keeps_checkpoints(tin
         assert series(records, "tba/trainer_calls_per_update") == [1.0, 1.0]
 
 
-def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of_s(tiny_run, tmp_path):
+def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of_s(tiny_run, tmp_path, margin):
     """tba_sync with m = 1: each step's freshly generated groups are all trained on, once; slots a duplicated
     question leaves go to the next-freshest stored prompts; searchers generate S = 6 per prompt and the trainer
-    draws K = rollout.n = 4 of them."""
+    draws K = rollout.n = 4 of them; the rollout serves the weights of every sync (the fused loss's check)."""
+    from tba_ext.core import wire
     from tba_ext.core.tb import beta_at_step
 
     metrics = tmp_path / "metrics.jsonl"
@@ -277,6 +276,16 @@ def test_tba_sync_trains_every_fresh_group_once_before_any_repeat_and_draws_k_of
         # fresh groups are on-policy; next-freshest prompts are the step before's (max_staleness=0 would keep
         # them out: the compare harness's on-policy setting)
         assert d["replay/staleness_max"] == float(d["replay/recency_fallback_groups"] > 0)
+    # the fresh groups were generated by the weights each update starts from: their log-probs at the update's
+    # first micro-batch are the rollout's, up to float32, at every step (a sync skipped or lost would not be)
+    assert (
+        min(series(records, wire.ON_POLICY_ROWS_METRIC)) > 0 and len(series(records, wire.ON_POLICY_ROWS_METRIC)) == 3
+    )
+    margin(
+        "on-policy |log pi_theta - log pi_rollout|",
+        max(series(records, wire.ROLLOUT_LOGPROB_DIFF_METRIC)),
+        SAME_WEIGHTS_LOGPROB,
+    )
     # one optimizer update per step: beta at step u is the paper's formula at update u
     assert series(records, "tb/beta") == pytest.approx([beta_at_step(u, 0.05, 0.01, 3) for u in (1, 2, 3)])
     # verl trained on B x K = 32 trajectories, no padding rows (its batch arithmetic still sees n = K = 4)

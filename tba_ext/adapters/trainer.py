@@ -38,6 +38,7 @@ from tba_ext.adapters.lr_schedule import install_lr_schedule
 from tba_ext.adapters.reference import ReferenceMixin, data_parallel_size
 from tba_ext.adapters.trainer_metrics import TrainerMetricsMixin
 from tba_ext.core import tb, wire
+from tba_ext.core.hold import hold_point
 from tba_ext.core.replay import REPLAY_FILE
 from tba_ext.core.steps import scheduler_updates_per_call, step_folder, updates_per_step
 from tba_ext.tasks.data import check_chat_template
@@ -141,6 +142,7 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         return tb.beta_at_step(update, self._beta_init, b.final, b.anneal_steps)
 
     def on_step_begin(self):
+        hold_point("step_begin", self.global_steps)
         beta = self.current_beta()
         with open_dict(self.config):
             self.config.algorithm.kl_ctrl.kl_coef = beta
@@ -208,9 +210,25 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         centred = (reward - tb.group_mean(reward, groups)).unsqueeze(-1) * padded["response_mask"].to(reward.dtype)
         nested = response_to_nested(centred, response_mask)
         fields = TensorDict(
-            {wire.GROUP_FIELD: groups, "advantages": nested, "returns": nested.clone()}, batch_size=len(batch)
+            {
+                wire.GROUP_FIELD: groups,
+                wire.ON_POLICY_FIELD: self._on_policy_rows(batch.tags),
+                "advantages": nested,
+                "returns": nested.clone(),
+            },
+            batch_size=len(batch),
         )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+
+    def _on_policy_rows(self, tags) -> torch.Tensor:
+        """1 for each row generated whole by the weights this step's first update starts from (verl's weight
+        version g - 1 at step g), 0 otherwise and at a separate_async step's later local updates: the rows the
+        fused loss's weight-sync check compares with the rollout's log-probs."""
+        current = self.global_steps - 1 if getattr(self, "local_trigger_step", 0) == 0 else None
+        return torch.tensor(
+            [int(tag.get("min_global_steps") == tag.get("max_global_steps") == current) for tag in tags],
+            dtype=torch.int64,
+        )
 
     def _update_actor(self, batch, metrics: dict):
         batch = self._fused_update_actor(batch, metrics) if self.fused else super()._update_actor(batch, metrics)
@@ -228,6 +246,7 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
                 wire.BETA_KEY: self.current_beta(),
                 wire.MODE_KEY: actor.policy_loss.loss_mode,
                 wire.GROUP_SIZE_KEY: n,
+                wire.UPDATE_KEY: f"{self.global_steps}.{getattr(self, 'local_trigger_step', 0)}",
                 "force_group_size": n,
             }
         )
@@ -290,6 +309,7 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
             self.replay_buffer.save_store(os.path.join(folder, REPLAY_FILE))
         self._save_reference(folder)
         super()._save_checkpoint()
+        hold_point("checkpoint_saved", self.global_steps)
 
     def _resumed_folder(self) -> str:
         """The checkpoint folder verl resumed from: ``trainer.resume_from_path`` or the latest under
