@@ -275,7 +275,7 @@ def corrupt_and_fall_back(run: str, ckpt: str, segments: list, args, faults: lis
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.truncate(size // 2)
-    probe = Segment(len(segments), run, ckpt, args.updates // LOCAL_UPDATES, args)
+    probe = Segment(len(segments), run, ckpt, args.updates // LOCAL_UPDATES, args, pending=[])
     out, _ = probe.proc.communicate(timeout=900)
     fault["refused"] = probe.proc.returncode != 0 and path in out and "corrupt or unreadable" in out
     segments.append(

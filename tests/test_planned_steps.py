@@ -15,7 +15,7 @@ from tba_ext.adapters.checks import check_planned_steps, planned_epochs
 from tba_ext.adapters.decoupled import TBATrainerSeparateAsync
 from tba_ext.adapters.trainer import TBATrainerSync
 from tba_ext.core.settings import REPLAY_SAMPLER_NAME
-from tba_ext.core.steps import verl_dataloader_fetch
+from tba_ext.core.steps import is_tba_mode, verl_dataloader_fetch, verl_mode
 from tba_ext.tasks.data import corpus_for, write_task
 from tba_ext.tools.config import compose
 from tba_ext.tools.models import train_tokenizer
@@ -39,7 +39,7 @@ def loaded(trainer_cls, cfg, tokenizer):
     them (a tba_* mode runs verl's trainer as the base mode, ``TBATrainerMixin.__init__``), then verl's
     ``_init_dataloader`` (with tba-ext's around it in the tba_* modes)."""
     trainer = trainer_cls.__new__(trainer_cls)
-    mode = str(cfg.trainer.v1.trainer_mode).removeprefix("tba_")
+    mode = verl_mode(cfg.trainer.v1.trainer_mode)
     with open_dict(cfg):
         cfg.trainer.v1.trainer_mode = mode
     trainer.config, trainer.tokenizer, trainer.processor = cfg, tokenizer, None
@@ -106,7 +106,7 @@ def test_each_gpu_config_runs_its_planned_steps_or_is_refused_before_ray(
         # wait for it, is not part of this loop)
         min_buffer = (plain["trainer"]["v1"]["sampler"].get("sampler_kwargs") or {}).get("min_buffer_groups")
         never_fills = min_buffer is not None and min_buffer > rows and "min_buffer_groups" in str(refused)
-        assert never_fills or (not mode.startswith("tba_") and len(steps) < planned), refused
+        assert never_fills or (not is_tba_mode(mode) and len(steps) < planned), refused
         return
     assert steps == list(range(1, planned + 1))
     assert saves[-1] == planned

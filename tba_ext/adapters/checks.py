@@ -26,11 +26,13 @@ from tba_ext.core.settings import (
 from tba_ext.core.steps import (
     dataloader_fetch,
     epochs_for_steps,
+    is_tba_mode,
     local_updates,
     scheduler_updates_per_call,
     step_folder,
     steps_per_epoch,
     verl_dataloader_fetch,
+    verl_mode,
 )
 
 _ABSENT = object()
@@ -179,7 +181,7 @@ def check_batch_split(cfg: Mapping[str, Any]) -> None:
     mini = cfg["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]
     v1 = cfg["trainer"].get("v1") or {}
     mode = str(v1.get("trainer_mode", "sync"))
-    if mode.removeprefix("tba_") == "separate_async":
+    if verl_mode(mode) == "separate_async":
         k = local_updates(cfg)
         if batch != k * mini:
             raise ValueError(
@@ -370,7 +372,7 @@ def fused_update_plan(cfg: Mapping[str, Any], settings: TBASettings) -> tuple[bo
     trainer = cfg["trainer"]
     dp = int(trainer.get("n_gpus_per_node", 1)) * int(trainer.get("nnodes", 1))
     dp //= int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    k = local_updates(cfg) if str(trainer.get("v1", {}).get("trainer_mode")).startswith("tba_") else 1
+    k = local_updates(cfg) if is_tba_mode(trainer.get("v1", {}).get("trainer_mode")) else 1
     per_update = int(cfg["data"]["train_batch_size"]) // k
     if per_update % dp or int(actor["ppo_mini_batch_size"]) % dp:
         raise ValueError(
@@ -436,7 +438,7 @@ def check_planned_steps(cfg: Mapping[str, Any], rows: int, rows_from: str = "dat
                 f"training prompts ({rows_from}): lower it or give more prompts"
             )
     mode = str(trainer["v1"].get("trainer_mode", "sync"))
-    if mode.startswith("tba_"):
+    if is_tba_mode(mode):
         return
     batch = int(cfg["data"]["train_batch_size"])
     if rows < batch:
@@ -531,12 +533,12 @@ def check_replay_run(cfg: Mapping[str, Any]) -> ReplaySettings | None:
             f"actor_rollout_ref.rollout.n={n}, the K the trainer draws per group"
         )
     mode = cfg["trainer"]["v1"].get("trainer_mode", "sync")
-    if s is not None and s > n and not str(mode).startswith("tba_"):
+    if s is not None and s > n and not is_tba_mode(mode):
         raise ValueError(
             f"{SAMPLER_KWARGS}samples_per_prompt={s} > rollout.n needs a tba_* trainer mode (it asks "
             f"the searchers for S samples per prompt); trainer.v1.trainer_mode is {mode}"
         )
-    k = local_updates(cfg) if str(mode).startswith("tba_") else 1
+    k = local_updates(cfg) if is_tba_mode(mode) else 1
     if settings.max_staleness is not None and settings.max_staleness < k - 1:
         raise ValueError(
             f"{SAMPLER_KWARGS}max_staleness={settings.max_staleness}: decoupled searchers hold weights "

@@ -78,6 +78,11 @@ def row_dicts(td) -> list[dict]:
     return [{key: col[i] for key, col in columns.items()} for i in range(n)]
 
 
+def prompt_uid(key: str) -> str:
+    """The prompt uid in a TransferQueue row key (verl's agent loop writes ``<uid>_<sample index>``)."""
+    return key.split("_")[0]
+
+
 def prompt_identity(row: dict) -> str:
     """Stable identity of a prompt across generations (verl's uid is new each time a prompt is drawn)."""
     return hashlib.sha1(np.asarray(row["prompts"], dtype=np.int64).tobytes()).hexdigest()[:16]
@@ -123,7 +128,7 @@ class TBAReplaySampler(ReplayBufferAsync):
 
     # -- ingestion -------------------------------------------------------------------------------------
     def _ingest(self, partition_id: str, prompt_uids: set[str]) -> dict:
-        keys = [k for k in self.partitions[partition_id] if k.split("_")[0] in prompt_uids]
+        keys = [k for k in self.partitions[partition_id] if prompt_uid(k) in prompt_uids]
         if not keys:
             if prompt_uids:
                 tq.kv_clear(partition_id=partition_id, keys=list(prompt_uids))
@@ -136,7 +141,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         before = self.store.stats.rejected_nonfinite
         arrived = []
         for key, tag, row in zip(keys, tags, rows):
-            sizes[key.split("_")[0]] += 1
+            sizes[prompt_uid(key)] += 1
             ledger_id = self.store.ledger.new_id()  # read from the searchers: from here on it is accounted for
             version = tag.get("min_global_steps")
             if version is None:  # a searcher that served it had no weight version: staleness unknowable
@@ -351,7 +356,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         if not (stale or filtered or failed):  # the usual poll: nothing to evict, no pass over the partition
             return
         for key in self.partitions[partition_id]:
-            uid = key.split("_")[0]
+            uid = prompt_uid(key)
             # the sets may overlap: one reason per trajectory, in this order
             reason = (
                 "verl_stale"

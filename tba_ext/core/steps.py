@@ -31,11 +31,24 @@ def updates_per_step(cfg: Mapping[str, Any]) -> int:
     return int(actor.get("ppo_epochs", 1)) * max(batch // mini, 1)
 
 
+TBA_MODE_PREFIX = "tba_"  # tba-ext's trainer modes: verl's mode of the same name behind the prefix
+
+
+def is_tba_mode(mode) -> bool:
+    """Whether ``trainer.v1.trainer_mode`` names one of tba-ext's trainer modes."""
+    return str(mode).startswith(TBA_MODE_PREFIX)
+
+
+def verl_mode(mode) -> str:
+    """The verl trainer mode a ``trainer.v1.trainer_mode`` runs as (``tba_separate_async`` -> ``separate_async``)."""
+    return str(mode).removeprefix(TBA_MODE_PREFIX)
+
+
 def local_updates(cfg: Mapping[str, Any]) -> int:
     """k: the ``update_actor`` calls that make one global step, each a local update between weight syncs
     (``trainer.v1.separate_async.parameter_sync_step`` in (tba_)separate_async; 1 in every other mode)."""
     v1 = cfg["trainer"].get("v1") or {}
-    if str(v1.get("trainer_mode", "sync")).removeprefix("tba_") != "separate_async":
+    if verl_mode(v1.get("trainer_mode", "sync")) != "separate_async":
         return 1
     return int((v1.get("separate_async") or {}).get("parameter_sync_step") or 1)
 
@@ -57,7 +70,7 @@ def verl_dataloader_fetch(cfg: Mapping[str, Any]) -> int:
     (every trainer mode but sync, which a tba_* mode runs as; DAPO's ``algorithm.filter_groups``;
     ``trainer.v1.sampler.sync_refill_failed_groups``), else ``dataloader_fetch``."""
     v1 = cfg["trainer"].get("v1") or {}
-    mode = str(v1.get("trainer_mode", "sync")).removeprefix("tba_")
+    mode = verl_mode(v1.get("trainer_mode", "sync"))
     dapo = bool((cfg["algorithm"].get("filter_groups") or {}).get("enable", False))
     if mode != "sync" or dapo or (v1.get("sampler") or {}).get("sync_refill_failed_groups", False):
         return 1

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, replace
 
 from tba_ext.core.settings import REPLAY_SAMPLER_NAME, REPLAY_SAMPLER_PATH, SAMPLER_KWARGS
+from tba_ext.core.steps import TBA_MODE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -98,17 +99,17 @@ class Method:
 
     label: str  # how reports and plots show it
     config: str  # the shipped CPU config (tba_ext/configs)
-    trainer_prefix: str  # "tba_" for tba-ext's trainer modes, "" for verl's own
+    trainer_prefix: str  # TBA_MODE_PREFIX for tba-ext's trainer modes, "" for verl's own
     replay: bool  # trains from tba-ext's replay store
     overrides: tuple[str, ...] = ()  # what sets it apart from its config's defaults
 
 
 METHODS = {
-    "tb": Method("TB", "cpu_tba", "tba_", True),
-    "tb_pg": Method("TBA′", "cpu_tb_pg", "tba_", True),
+    "tb": Method("TB", "cpu_tba", TBA_MODE_PREFIX, True),
+    "tb_pg": Method("TBA′", "cpu_tb_pg", TBA_MODE_PREFIX, True),
     # the staleness stress's arm: TBA′ with beta = 0, its advantage the plain group-centred reward (no KL term);
     # next to TBA′ so that tables list the two side by side
-    "tb_pg_nokl": Method("TBA′ β=0", "cpu_tb_pg", "tba_", True, ("algorithm.kl_ctrl.kl_coef=0.0",)),
+    "tb_pg_nokl": Method("TBA′ β=0", "cpu_tb_pg", TBA_MODE_PREFIX, True, ("algorithm.kl_ctrl.kl_coef=0.0",)),
     "drgrpo": Method("Dr. GRPO", "cpu_drgrpo", "", False),
 }
 COMPARED = ("tb", "tb_pg", "drgrpo")  # what compare trains unless told otherwise
