@@ -81,9 +81,9 @@ class ReplaySettings:
     seed: int = 0  # the sampler's random stream (saved and restored with checkpoints)
 
 
-# keys an older tba-ext accepted, with what replaces them
+# keys refused with what replaces them
 REMOVED_REPLAY_KEYS = {
-    "reward_mix": "the replay branch now picks prompts uniformly (cycling without replacement) and weights the "
+    "reward_mix": "the replay branch picks prompts uniformly (cycling without replacement) and weights the "
     "trajectories within a prompt by softmax(reward_inv_temp * reward), as the reference code does; "
     "remove reward_mix",
 }

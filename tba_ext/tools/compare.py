@@ -346,7 +346,7 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
         **parts[0],
         "seeds": sorted({s for part in parts for s in part["seeds"]}),
         "staleness": sorted({s for part in parts for s in part["staleness"]}, key=level_order),
-        # a part may add a method to seeds already run (TB beside an earlier TBA′ and Dr. GRPO grid)
+        # a part may add a method to seeds already run (TB added to a TBA′ and Dr. GRPO grid)
         "methods": methods,
         # tables list methods in the order of their runs
         "runs": sorted((r for part in parts for r in part["runs"]), key=lambda r: method_order(r["method"])),

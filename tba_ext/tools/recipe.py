@@ -116,7 +116,7 @@ COMPARED = ("tb", "tb_pg", "drgrpo")  # what compare trains unless told otherwis
 
 
 def label(method: str) -> str:
-    """A method's display label; results written before slugs named methods by their labels."""
+    """A method's display label; a name that is not a slug (a label in a results JSON) is shown as it is."""
     return METHODS[method].label if method in METHODS else method
 
 
