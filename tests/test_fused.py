@@ -125,6 +125,22 @@ def test_fused_tb_is_eq5_at_any_policy_for_any_split_into_whole_groups(n_groups,
             assert torch.allclose(g_loss, g_expected, rtol=1e-5, atol=1e-6), (drift, split)
 
 
+@pytest.mark.parametrize("mode", ["tb", "tb_pg"])
+def test_a_float64_forward_keeps_the_fused_loss_in_float64(mode):
+    """The fused loss promotes low-precision log-probs to float32 and never casts float64 down: in float64 it is
+    eq. 5 (and TBA′'s loss is the same at every split) to float64 rounding, far below float32's 1e-7."""
+    old, ref, rollout, mask, reward, groups = group_batch(3, 4, 6, seed=3)
+    batch = (*(x.double() for x in (old, ref, rollout, mask, reward)), groups)
+    theta = (batch[0] + 0.3).requires_grad_()
+    loss, _ = fused_loss(theta, batch, 0.05, mode, [list(range(12))])
+    assert loss.dtype == torch.float64
+    if mode == "tb":
+        expected = direct_eq5(theta, batch[1], batch[3], batch[4], groups, 0.05)
+    else:
+        expected, _ = fused_loss(theta, batch, 0.05, mode, [rows_of(groups, [g]) for g in range(3)])
+    assert abs(float(loss) - float(expected)) <= 1e-12 * max(1.0, abs(float(expected)))
+
+
 def test_fused_tb_equals_the_three_call_update_at_theta_old_and_drops_its_drift_term_after():
     beta = 0.05
     batch = group_batch(3, 4, 6, seed=11)

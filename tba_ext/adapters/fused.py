@@ -79,9 +79,9 @@ def fused_terms(config, log_prob, padded, beta: float, mode: str, group_size: in
     at this forward, aggregated with ``loss_agg_mode``. The metrics include ``BAD_GROUPS_METRIC``: 1 where a group of
     the micro-batch does not hold exactly ``group_size`` (rollout.n) rows.
     """
-    # sequence sums in float32: a bf16 forward's log-probs summed in bf16 (CPU autocast does not promote sum) put
-    # the TB loss a quarter off; the cast is (B, T), against the model's forward
-    log_prob = log_prob.float()
+    # sequence sums in float32 at least: a bf16 forward's log-probs summed in bf16 (CPU autocast does not promote
+    # sum) put the TB loss a quarter off; a float64 forward stays float64. The cast is (B, T), against the forward
+    log_prob = log_prob.to(torch.promote_types(log_prob.dtype, torch.float32))
     mask = padded["response_mask"].to(log_prob.dtype)
     groups, sizes = tb.first_member(padded[GROUP_FIELD].to(log_prob.device))
     n_rows = groups.shape[0]
