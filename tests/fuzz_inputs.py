@@ -119,7 +119,7 @@ KEYS = [
     Key(ARO + "actor.clip_ratio", "float", ">0", configs=("cpu_drgrpo",)),
     Key(ARO + "actor.optim.lr", "float", ">0"),
     Key(ARO + "actor.optim.weight_decay", "float", "finite"),
-    Key(ARO + "actor.policy_loss.is_ratio_max", "float", ">0", configs=("cpu_tb_pg",)),
+    Key(ARO + "actor.policy_loss.is_ratio_max", "float", ">=1", configs=("cpu_tb_pg",)),
     # actor_rollout_ref.rollout.*
     Key(ARO + "rollout.n", "int", ">=2", configs=TB),  # a VarGrad group
     Key(ARO + "rollout.n", "int", ">=1", configs=("cpu_drgrpo",)),  # n=1: verl's GRPO scores a group of one as is
@@ -164,6 +164,7 @@ def bad_values(key: Key) -> list[tuple[str, str]]:
         out += {
             ">0": [("0", "zero"), ("-0.5", "negative")],
             ">=0": [("-0.5", "negative")],
+            ">=1": [("0.5", "below 1"), ("0", "zero")],
             "[0,1]": [("1.5", "above 1"), ("-0.1", "negative")],
             "[0,1)": [("1.0", "1"), ("-0.1", "negative")],
             "(0,1]": [("0", "zero"), ("1.5", "above 1")],

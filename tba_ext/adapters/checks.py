@@ -13,12 +13,14 @@ from typing import Any
 from tba_ext.core.replay import REPLAY_FILE, check_store_file
 from tba_ext.core.settings import (
     IS_RATIO_MAX,
+    IS_RATIO_MAX_KEY,
     REPLAY_SAMPLER_NAME,
     SAMPLER_KWARGS,
     TB_MODES,
     ReplaySettings,
     TBASettings,
     checked_beta,
+    checked_is_ratio_max,
     checked_type,
     parse_replay_settings,
     parse_settings,
@@ -491,11 +493,9 @@ def check_tb_pg_importance_weights(
             f"tb_pg weights tokens by pi_theta / pi_rollout: set {prefix}rollout_is=token "
             f"(got {correction.get('rollout_is')}); verl then passes pi_old / pi_rollout to the loss"
         )
-    is_ratio_max = checked_type(
-        policy_loss.get("is_ratio_max", IS_RATIO_MAX), "float", "actor_rollout_ref.actor.policy_loss.is_ratio_max"
+    is_ratio_max = checked_is_ratio_max(
+        checked_type(policy_loss.get("is_ratio_max", IS_RATIO_MAX), "float", IS_RATIO_MAX_KEY)
     )
-    if is_ratio_max <= 0:
-        raise ValueError(f"actor_rollout_ref.actor.policy_loss.is_ratio_max must be > 0, got {is_ratio_max}")
     threshold = correction.get("rollout_is_threshold", 2.0)
     number = threshold
     if isinstance(threshold, str) and "_" not in threshold:  # YAML reads 1e6 as a string

@@ -21,9 +21,8 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.padding import no_padding_2_padding
 
-from tba_ext.adapters.losses import aggregate
+from tba_ext.adapters.losses import aggregate, is_ratio_max
 from tba_ext.core import tb
-from tba_ext.core.settings import IS_RATIO_MAX
 from tba_ext.core.wire import (
     BAD_GROUPS_METRIC,
     BETA_KEY,
@@ -106,15 +105,15 @@ def fused_terms(config, log_prob, padded, beta: float, mode: str, group_size: in
         )
     else:
         advantage, log_z = tb.tb_pg_advantage(policy, ref, reward, groups, beta, n_groups=n_rows)
-        is_ratio_max = float(getattr(config.policy_loss, "is_ratio_max", IS_RATIO_MAX))
+        clamp = is_ratio_max(config)
         ratio = torch.exp(log_prob - padded["rollout_log_probs"].to(log_prob.dtype)).detach()
-        loss_mat = tb.tb_pg_loss_matrix(log_prob, advantage.unsqueeze(-1) * mask, ratio, is_ratio_max)
+        loss_mat = tb.tb_pg_loss_matrix(log_prob, advantage.unsqueeze(-1) * mask, ratio, clamp)
         loss = aggregate(loss_mat, mask, config.loss_agg_mode, config)
         stats.update(
             {
                 "tb/log_z": log_z.mean(),
                 "tb/mean_abs_advantage": advantage.abs().mean(),  # in reward units
-                **{f"tb_pg/{k}": v for k, v in tb.ratio_stats(ratio, mask, is_ratio_max).items()},
+                **{f"tb_pg/{k}": v for k, v in tb.ratio_stats(ratio, mask, clamp).items()},
             }
         )
     if ON_POLICY_FIELD in padded.keys():

@@ -67,6 +67,11 @@ def _loss_field(config, name: str, default: float) -> float:
     return float(getattr(policy_loss, name, default)) if policy_loss is not None else default
 
 
+def is_ratio_max(config) -> float:
+    """TBA′'s clamp of pi_theta / pi_rollout from the actor config (checked where the config is read)."""
+    return _loss_field(config, "is_ratio_max", IS_RATIO_MAX)
+
+
 def aggregate(loss_mat, mask, loss_agg_mode: str, config) -> torch.Tensor:
     """verl's agg_loss over the global batch (``global_batch_info``: exact across micro-batches and ranks),
     times the configured ``loss_scale``."""
@@ -127,12 +132,12 @@ def compute_policy_loss_tb_pg(
             "and actor_rollout_ref.rollout.calculate_log_probs=True"
         )
     mask = response_mask.to(log_prob.dtype)
-    is_ratio_max = _loss_field(config, "is_ratio_max", IS_RATIO_MAX)
+    clamp = is_ratio_max(config)
     ratio = tb.rollout_ratio(log_prob, old_log_prob, rollout_is_weights)
-    loss_mat = tb.tb_pg_loss_matrix(log_prob, advantages, ratio, is_ratio_max)
+    loss_mat = tb.tb_pg_loss_matrix(log_prob, advantages, ratio, clamp)
     loss = aggregate(loss_mat, mask, loss_agg_mode, config)
     # 0-dim tensors on the loss's device: verl's Metric reads them back
-    return loss, {f"tb_pg/{k}": v for k, v in tb.ratio_stats(ratio, mask, is_ratio_max).items()}
+    return loss, {f"tb_pg/{k}": v for k, v in tb.ratio_stats(ratio, mask, clamp).items()}
 
 
 LOSS_NAMES = ESTIMATOR_NAMES = TB_MODES

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from verl.workers.config.actor import PolicyLossConfig
 
-from tba_ext.core.settings import IS_RATIO_MAX
+from tba_ext.core.settings import IS_RATIO_MAX, checked_is_ratio_max
 
 
 @dataclass
@@ -30,5 +30,4 @@ class TBPolicyLossConfig(PolicyLossConfig):
     def __post_init__(self):
         if not self.loss_scale > 0:
             raise ValueError(f"actor_rollout_ref.actor.policy_loss.loss_scale must be > 0, got {self.loss_scale}")
-        if not self.is_ratio_max >= 1.0:
-            raise ValueError(f"actor_rollout_ref.actor.policy_loss.is_ratio_max must be >= 1, got {self.is_ratio_max}")
+        checked_is_ratio_max(self.is_ratio_max)

@@ -290,6 +290,15 @@ def checked_beta(beta, allow_zero: bool = False) -> float:
 # TBA' clamps pi_theta / pi_rollout at this value unless actor_rollout_ref.actor.policy_loss.is_ratio_max says
 # otherwise ([I]: CISPO clip_ratio = 8)
 IS_RATIO_MAX = 8.0
+IS_RATIO_MAX_KEY = "actor_rollout_ref.actor.policy_loss.is_ratio_max"
+
+
+def checked_is_ratio_max(value) -> float:
+    """TBA′'s clamp of pi_theta / pi_rollout: a finite float >= 1 (a clamp below 1 would also scale down the
+    on-policy tokens, whose ratio is 1)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not 1.0 <= float(value) < float("inf"):
+        raise ValueError(f"{IS_RATIO_MAX_KEY} must be a finite float >= 1, got {value!r}")
+    return float(value)
 
 
 # what a config writes to select tba-ext's pieces (the YAML configs spell the same strings: tests/test_settings.py)
