@@ -61,7 +61,8 @@ FILE_FORMAT = "tba-ext-replay"
 REPLAY_FILE = "tba_replay.pt"  # the store's file in each checkpoint folder (global_step_N/)
 # Python object overhead the store pays per trajectory on top of its bytes (object, hash, index entries),
 # measured by benchmarks/replay.py; used only for the byte capacity.
-OVERHEAD_BYTES_PER_TRAJECTORY = 450  # benchmarks/replay.py: ~440 B beyond blob and prompt share
+# Python objects per trajectory beyond its blob and its prompt's share (benchmarks/replay.py measures the total)
+OVERHEAD_BYTES_PER_TRAJECTORY = 450
 
 
 class ReferenceLogProbs:

@@ -55,7 +55,7 @@ class ReplaySettings:
     samples_per_prompt: int | None = None  # S generated per prompt; the trainer draws K = rollout.n of them
     per_prompt_capacity: int = 100  # trajectories kept per prompt; the oldest leave first
     capacity: int = 100_000  # global cap in trajectories
-    capacity_bytes: int | None = None  # global cap in bytes (tokens + log-probs + ~400 B per trajectory)
+    capacity_bytes: int | None = None  # global cap in bytes (tokens, log-probs, replay.OVERHEAD_BYTES_PER_TRAJECTORY)
     max_staleness: int | None = None  # optimizer updates; staler trajectories leave the store; None = no cap
     max_replays: int | None = None  # times one trajectory may be drawn; reached, it leaves; None = no cap
     # recency branch: trajectories generated within this many optimizer updates of the trainer's current update.
