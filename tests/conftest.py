@@ -21,6 +21,31 @@ SAME_WEIGHTS_KL = 1e-5
 SAME_WEIGHTS_LOGPROB = 1e-4
 
 
+# The longest tests by the suite's --durations (several verl launches, or one long run): first of all
+LONGEST_FIRST = (
+    "tests/test_e2e.py::test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice",
+    "tests/test_compare.py::test_compare_short",
+    "tests/test_soak.py::test_a_short_soak",
+    "tests/test_data_parallel.py",
+    "tests/test_vllm_cpu.py",
+    "tests/test_gpu_rehearsals.py::test_gpu_config_rehearsed_on_cpu",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The suite ends when its last test does, and under pytest-xdist (``-n 2``) two long tests left for the end
+    run alone: the longest go first, then the other e2e tests (a verl launch each), then the unit tests, which
+    fill both cores to the end. The order within each rank is the collection order."""
+
+    def rank(item) -> int:
+        for i, prefix in enumerate(LONGEST_FIRST):
+            if item.nodeid.startswith(prefix):
+                return i
+        return len(LONGEST_FIRST) + (item.get_closest_marker("e2e") is None)
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(autouse=True)
 def one_os_environ():
     """Every test ends with the ``os.environ`` object it started with.
