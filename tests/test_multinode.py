@@ -28,12 +28,19 @@ WORKER_PORTS_BASE = 40000 + (os.getpid() % 100) * 200
 WORKER_PORTS = range(WORKER_PORTS_BASE, WORKER_PORTS_BASE + 200)
 
 
+# every port this process has handed out: the kernel may give a closed port back at once, and a port picked for the
+# GCS is not bound until its node starts, so a second pick could return it (a CI run failed with runtime_env_agent
+# and gcs_server on one port)
+HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in WORKER_PORTS:
+        if port not in WORKER_PORTS and port not in HANDED_OUT:
+            HANDED_OUT.add(port)
             return port
 
 
