@@ -38,7 +38,7 @@ import time
 import psutil
 from common import prepare_run, process_kind, provenance
 
-from tba_ext.core.hold import HOLD_AT_ENV, HOLD_DIR_ENV, marker
+from tba_ext.core import hold
 from tba_ext.core.replay import REPLAY_FILE, saved_ledger
 from tba_ext.core.steps import step_folder
 from tba_ext.tools.processes import children, cmdline, session_pids
@@ -86,7 +86,8 @@ class Segment:
         # the trainer holds at the start of the step after each pending fault's, until the fault is injected
         self.holds = f"{run}/holds_{index}"
         os.makedirs(self.holds, exist_ok=True)
-        hold_env = {HOLD_AT_ENV: ",".join(f"step_begin@{at + 1}" for at, _ in pending), HOLD_DIR_ENV: self.holds}
+        points = ",".join(f"step_begin@{at + 1}" for at, _ in pending)
+        hold_env = {hold.HOLD_AT_ENV: points, hold.HOLD_DIR_ENV: self.holds}
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -126,10 +127,10 @@ class Segment:
 
     def held_after(self, at: int) -> bool:
         """Whether the trainer is held at the start of step ``at + 1`` (step ``at`` done)."""
-        return os.path.exists(marker(self.holds, "step_begin", at + 1, "reached"))
+        return hold.reached(self.holds, "step_begin", at + 1)
 
     def release(self, at: int) -> None:
-        open(marker(self.holds, "step_begin", at + 1, "release"), "w").close()
+        hold.release(self.holds, "step_begin", at + 1)
 
     def driver(self) -> int | None:
         kids = [p for p in children(self.proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]

@@ -140,22 +140,23 @@ class Holds:
 
         return {HOLD_AT_ENV: ",".join(points), HOLD_DIR_ENV: str(self.folder)}
 
-    def _marker(self, point: str, kind: str) -> str:
-        from tba_ext.core.hold import marker
-
+    def _parsed(self, point: str) -> tuple[str, str, int]:
         name, _, at = point.partition("@")
-        return marker(str(self.folder), name, int(at), kind)
+        return str(self.folder), name, int(at)
 
     def reached(self, point: str, proc, timeout: float = 600.0) -> dict:
         import json
 
-        path = self._marker(point, "reached")
-        wait_for(lambda: os.path.exists(path), timeout, f"it reached the hold point {point}", proc)
-        with open(path) as f:
+        from tba_ext.core import hold
+
+        wait_for(lambda: hold.reached(*self._parsed(point)), timeout, f"it reached the hold point {point}", proc)
+        with open(hold.marker(*self._parsed(point), "reached")) as f:
             return json.load(f)
 
     def release(self, point: str) -> None:
-        open(self._marker(point, "release"), "w").close()
+        from tba_ext.core import hold
+
+        hold.release(*self._parsed(point))
 
 
 @pytest.fixture()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tba_ext.core.hold import HOLD_AT_ENV, HOLD_DIR_ENV, held_points, hold_point, marker
+from tba_ext.core.hold import HOLD_AT_ENV, HOLD_DIR_ENV, armed, held_points, hold_point, marker, reached, release
 
 
 def test_the_spec_lists_point_at_step_pairs_and_refuses_anything_else():
@@ -17,21 +17,24 @@ def test_the_spec_lists_point_at_step_pairs_and_refuses_anything_else():
 
 
 def test_a_listed_point_holds_the_first_pass_at_or_after_its_step_until_released(tmp_path, monkeypatch):
+    monkeypatch.delenv(HOLD_AT_ENV, raising=False)
+    assert not armed()
     monkeypatch.setenv(HOLD_AT_ENV, "step_begin@3")
     monkeypatch.setenv(HOLD_DIR_ENV, str(tmp_path))
+    assert armed()
     hold_point("step_begin", 2)  # before its step, and other points: no hold
     hold_point("checkpoint_saved", 5)
     assert list(tmp_path.iterdir()) == []
     passed = threading.Event()
     worker = threading.Thread(target=lambda: (hold_point("step_begin", 4), passed.set()))
     worker.start()
-    reached = marker(str(tmp_path), "step_begin", 3, "reached")
+    reached_path = marker(str(tmp_path), "step_begin", 3, "reached")
     deadline = time.monotonic() + 30
-    while not (tmp_path / "step_begin@3.reached").exists() and time.monotonic() < deadline:
+    while not reached(str(tmp_path), "step_begin", 3) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert json.loads(open(reached).read())["step"] == 4
+    assert json.loads(open(reached_path).read())["step"] == 4
     assert not passed.wait(0.3)  # held until the release
-    open(marker(str(tmp_path), "step_begin", 3, "release"), "w").close()
+    release(str(tmp_path), "step_begin", 3)
     worker.join(30)
     assert passed.is_set()
     (tmp_path / "step_begin@3.release").unlink()

@@ -37,6 +37,21 @@ def marker(folder: str, point: str, at: int, kind: str) -> str:
     return os.path.join(folder, f"{point}@{at}.{kind}")
 
 
+def armed() -> bool:
+    """Whether this process has hold points (a caller on a hot path asks before paying for a call)."""
+    return bool(os.environ.get(HOLD_AT_ENV))
+
+
+def reached(folder: str, point: str, at: int) -> bool:
+    """Whether a process is held at ``point@at`` (its marker is written whole)."""
+    return os.path.exists(marker(folder, point, at, "reached"))
+
+
+def release(folder: str, point: str, at: int) -> None:
+    """Let the process held at ``point@at`` go on."""
+    open(marker(folder, point, at, "release"), "w").close()
+
+
 def hold_point(point: str, step: int) -> None:
     spec = os.environ.get(HOLD_AT_ENV)
     if not spec:
