@@ -68,8 +68,31 @@ def same_process_kind(kind: str, before: str | None) -> str:
     return kind
 
 
+def cpu_kernels() -> dict:
+    """What this process's CPU kernels are: torch's vector unit (ATEN_CPU_CAPABILITY picks it; a float32 run's
+    numbers depend on it), its threads and the CPU model."""
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), None)
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_model": model or platform.processor() or None,
+    }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
 def provenance() -> dict:
-    """Where and how a result was made: commit, versions, machine, date and the load seen when it started."""
+    """Where and how a result was made: commit, versions, machine and its CPU kernels, date and the load seen when
+    it started."""
     import importlib.metadata as md
 
     def version(dist):
@@ -101,6 +124,7 @@ def provenance() -> dict:
         "python": platform.python_version(),
         "cores": os.cpu_count(),
         "machine": platform.machine(),
+        **cpu_kernels(),
         "load_avg_1m_at_start": os.getloadavg()[0],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -1,6 +1,7 @@
 """Every figure of the compare page from one command: the seed-paired grid on both CPU tasks and the staleness stress.
 
-    python benchmarks/evidence.py [--only arith20 countdown stress stress_long] [--jobs 2]
+    python benchmarks/evidence.py [--only primary dose arms_s8 countdown_s8 arith20 countdown stress stress_long]
+                                  [--jobs 2]
                                   [--seeds 0 1 2 3 4] [--methods ...] [--staleness ...] [--resume]
 
 Each study is ``tba-ext compare`` on one task. Its seeds run as separate processes, ``--jobs`` at a time, each in
@@ -37,9 +38,42 @@ from tba_ext.tools.compare import merge, run_cell
 from tba_ext.tools.report import read_json, write_json
 
 RESULTS = "benchmarks/results"
-# study -> its compare arguments. The grids: TB, TBA′ and Dr. GRPO on-policy and at s = 10 on both tasks. The
+# study -> its compare arguments. The fair experiment (every arm uncapped at the same s, the corrected Dr. GRPO
+# beside the uncorrected one): its primary comparison, named before it ran (docs/compare.md), is TBA′ minus Dr.
+# GRPO token-IS at s = 8 on arith20, held-out greedy gain, 8 seeds; the dose-response over s, every arm at s = 8 and
+# countdown at s = 8 are secondary. The grids: TB, TBA′ and Dr. GRPO on-policy and at s = 10 on both tasks. The
 # stress: at s = 32 TBA′ with its KL coefficient against TBA′ with beta = 0 and Dr. GRPO, longer, validated often
 STUDIES = {
+    "primary": {
+        "task": "arith20",
+        "methods": ["tb_pg", "drgrpo_tis"],
+        "staleness": [8],
+        "steps": 60,
+        "eval_every": 20,
+        "seeds": [0, 1, 2, 3, 4, 5, 6, 7],
+    },
+    "dose": {
+        "task": "arith20",
+        "methods": ["tb_pg", "drgrpo_tis", "drgrpo"],
+        "staleness": [0, 2, 8, 32],
+        "steps": 60,
+        "eval_every": 20,
+    },
+    "arms_s8": {  # the objective apart from the store (TBA′ on Dr. GRPO's batches), the paper's TB, and each of
+        # verl's corrections
+        "task": "arith20",
+        "methods": ["tb", "tb_pg", "tb_pg_fifo", "drgrpo", "drgrpo_tis", "drgrpo_sis", "drgrpo_bypass"],
+        "staleness": [8],
+        "steps": 60,
+        "eval_every": 20,
+    },
+    "countdown_s8": {
+        "task": "countdown",
+        "methods": ["tb_pg", "drgrpo_tis"],
+        "staleness": [8],
+        "steps": 40,
+        "eval_every": 10,
+    },
     "arith20": {
         "task": "arith20",
         "methods": ["tb", "tb_pg", "drgrpo"],

@@ -27,7 +27,7 @@ import sys
 import tokenize
 from pathlib import Path
 
-from tba_ext.tools.compare import compare_tables  # one renderer for compare's report.md and the docs
+from tba_ext.tools.compare import analyse, compare_tables  # one renderer for compare's report.md and the docs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -423,6 +423,10 @@ RENDERERS = {
         "benchmarks/quickstart_spread.py",
         quickstart_spread,
     ),
+    "compare_primary": ("Primary: TBA′ against Dr. GRPO token-IS at s = 8", "benchmarks/evidence.py", compare_tables),
+    "compare_dose": ("Dose-response over staleness on arith20", "benchmarks/evidence.py", compare_tables),
+    "compare_arms_s8": ("Every arm at s = 8 on arith20", "benchmarks/evidence.py", compare_tables),
+    "compare_countdown_s8": ("Countdown at s = 8", "benchmarks/evidence.py", compare_tables),
     "compare_arith20": ("Paired grid on arith20", "benchmarks/evidence.py", compare_tables),
     "compare_countdown": ("Paired grid on countdown", "benchmarks/evidence.py", compare_tables),
     "compare_stress": ("Staleness stress: s = 32, with and without KL", "benchmarks/evidence.py", compare_tables),
@@ -493,7 +497,7 @@ def study_block(stem: str) -> str:
     doc = load_results().get(f"{stem}.json")
     if doc is None:
         return f"(not run yet: `python benchmarks/evidence.py --only {stem.removeprefix('compare_')}`)\n"
-    return compare_tables(doc) + plots_of(stem)
+    return compare_tables(analyse(doc)) + plots_of(stem)
 
 
 def soak_block(doc: dict | None) -> str:

@@ -22,6 +22,8 @@ def test_staleness_bounds_every_source_of_off_policy_data(method, staleness):
     check_tb_run(cfg)
     v1 = cfg["trainer"]["v1"]
     replay = check_replay_run(cfg)
+    # verl's own cap (8 versions, drop and refill) is off for every arm: s alone sets how stale the data are
+    assert v1["sampler"]["max_off_policy_threshold"] is None
     if staleness == MIXED:  # every method, Dr. GRPO too, trains from the store's mixed batches, each group once
         assert v1["trainer_mode"].endswith("colocate_async") and replay is not None
         assert replay.staleness_mix == list(STALENESS_MIX) and replay.max_staleness == max(STALENESS_MIX)
@@ -41,6 +43,89 @@ def test_staleness_bounds_every_source_of_off_policy_data(method, staleness):
     assert (cfg["algorithm"]["kl_ctrl"]["kl_coef"] == 0.0) == (method == "tb_pg_nokl")  # the stress arm's one change
 
 
+def test_the_corrected_baselines_are_verls_rollout_corrections_truncated_at_tbas_clamp():
+    """What a verl user runs on stale data: Dr. GRPO's loss weighted by verl's truncated pi_old / pi_rollout (per
+    token, per sequence) or verl's bypass mode (the PPO clip against the behaviour policy); and TBA′ on verl's own
+    batches (no store), which differs from the token-IS arm in the advantage alone."""
+    from tba_ext.core.settings import IS_RATIO_MAX
+
+    def composed(method):
+        overrides = ["run_dir=/nonexistent", *method_overrides(method, 8, 0.95, 32)]
+        return OmegaConf.to_container(compose(METHODS[method].config, overrides), resolve=True)
+
+    expected = {"drgrpo": (None, False), "drgrpo_tis": ("token", False), "drgrpo_sis": ("sequence", False)}
+    expected["drgrpo_bypass"] = (None, True)
+    for method, (rollout_is, bypass) in expected.items():
+        cfg = composed(method)
+        correction = cfg["algorithm"]["rollout_correction"]
+        assert (correction["rollout_is"], correction["bypass_mode"]) == (rollout_is, bypass), method
+        if rollout_is:
+            assert float(correction["rollout_is_threshold"]) == IS_RATIO_MAX
+        assert cfg["algorithm"]["adv_estimator"] == "grpo" and cfg["trainer"]["v1"]["trainer_mode"] == "colocate_async"
+        assert cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] == "vanilla"
+        assert cfg["actor_rollout_ref"]["rollout"]["calculate_log_probs"]  # verl's weights need pi_rollout
+    fifo, tb_pg = composed("tb_pg_fifo"), composed("tb_pg")
+    assert check_replay_run(fifo) is None and check_replay_run(tb_pg) is not None
+    assert fifo["trainer"]["v1"]["trainer_mode"] == tb_pg["trainer"]["v1"]["trainer_mode"] == "tba_colocate_async"
+    assert fifo["algorithm"] == tb_pg["algorithm"] and fifo["actor_rollout_ref"] == tb_pg["actor_rollout_ref"]
+
+
+def test_arms_at_unequal_trained_on_staleness_are_not_paired_and_the_table_says_why():
+    from tba_ext.tools.compare import analyse, compare_tables, trained_staleness
+
+    records = [{"step": t, "data": {"training/off_policy/trajectory_staleness/mean": float(t)}} for t in range(1, 11)]
+    records[4]["data"] |= {"training/off_policy/trajectory_staleness/max": 7.0, "a/off_policy/evicted_samples": 3}
+    records[6]["data"] |= {"training/off_policy/trajectory_staleness/max": 9.0, "a/off_policy/evicted_samples": 2}
+    stats = trained_staleness(records)
+    assert stats == {"mean": 5.5, "median": 5.5, "p90": pytest.approx(9.1), "max": 9.0, "dropped_groups": 5}
+
+    def run(method, seed, gain, staleness):
+        return {
+            "method": method,
+            "staleness": 8,
+            "seed": seed,
+            "accuracy_before": 0.2,
+            "accuracy_after": 0.2 + gain,
+            "sampled_before": 0.2,
+            "sampled_after": 0.2,
+            "wall_s": 1.0,
+            "mean_staleness": staleness,
+        }
+
+    # TBA′ at 5.0 against Dr. GRPO token-IS at 4.6 (8 % apart) is paired; against Dr. GRPO at 2.0 it is not
+    runs = [run("tb_pg", seed, 0.1 + 0.05 * seed, 5.0) for seed in range(3)]
+    runs += [run("drgrpo_tis", seed, 0.02 * seed, 4.6) for seed in range(3)]
+    runs += [run("drgrpo", seed, -0.1, 2.0) for seed in range(3)]
+    doc = analyse({"runs": runs, "labels": {}})
+    assert doc["paired_vs_drgrpo_tis"]["tb_pg"]["8"]["mean"] == pytest.approx(0.1 + 0.03)
+    refused = doc["paired_vs_drgrpo"]["tb_pg"]["8"]
+    assert "mean" not in refused and "5.0 updates old on average and Dr. GRPO on 2.0" in refused["refused"]
+    page = compare_tables(doc)
+    assert "| TBA′ - Dr. GRPO | 8 | 3 | not paired: TBA′ trained on data 5.0" in page
+    assert "| TBA′ - Dr. GRPO token-IS | 8 | 3 | +0.130 +- 0.030 |" in page
+
+
+def test_every_paired_row_carries_its_t_test_p_value_and_holms_adjustment_over_the_study():
+    from scipy import stats
+
+    from tba_ext.tools.compare import analyse
+
+    gains = {"tb_pg": [0.30, 0.25, 0.40, 0.35], "tb": [0.05, 0.20, -0.02, 0.10], "drgrpo": [0.0, 0.02, 0.01, 0.03]}
+    runs = [
+        {"method": m, "staleness": 4, "seed": seed, "accuracy_before": 0.2, "accuracy_after": 0.2 + g}
+        | {"sampled_before": 0.2, "sampled_after": 0.2, "wall_s": 1.0}
+        for m, by_seed in gains.items()
+        for seed, g in enumerate(by_seed)
+    ]
+    paired = analyse({"runs": runs, "labels": {}})["paired_vs_drgrpo"]
+    p = {m: stats.ttest_rel(gains[m], gains["drgrpo"]).pvalue for m in ("tb_pg", "tb")}
+    for m in p:
+        assert paired[m]["4"]["p_value"] == pytest.approx(p[m])
+    low, high = sorted(p, key=p.get)  # Holm: the smallest times 2, the next times 1, kept monotone and <= 1
+    assert paired[low]["4"]["p_holm"] == pytest.approx(min(1.0, 2 * p[low]))
+    assert paired[high]["4"]["p_holm"] == pytest.approx(min(1.0, max(2 * p[low], p[high])))
+
+
 def test_interval95_is_the_t_interval():
     mean, sd, half = interval95([1.0, 2.0, 3.0])
     assert (mean, sd) == (2.0, 1.0)
@@ -50,12 +135,12 @@ def test_interval95_is_the_t_interval():
 
 @pytest.mark.e2e
 def test_compare_short_runs_two_methods_on_mixed_staleness_batches_from_one_start_and_summarises(tmp_path):
-    """TBA′ (tba-ext's trainer) and Dr. GRPO (verl's own colocate_async trainer) both drawing mixed-staleness batches
-    from tba-ext's store, on the second task (countdown): the reasoning-gym scorer inside verl's reward loop and the
-    diversity of its several right answers. (s > 0 for TB and TBA′ through replay: tests/test_e2e.py and the
-    quickstart's test.)"""
+    """TBA′ (tba-ext's trainer) and Dr. GRPO with verl's token-level rollout IS (verl's own colocate_async trainer)
+    both drawing mixed-staleness batches from tba-ext's store, on the second task (countdown): the reasoning-gym
+    scorer inside verl's reward loop and the diversity of its several right answers. (s > 0 for TB and TBA′ through
+    replay: tests/test_e2e.py and the quickstart's test.)"""
     results = tmp_path / "compare.json"
-    methods = ["tb_pg", "drgrpo"]
+    methods = ["tb_pg", "drgrpo_tis"]
     compare(
         str(tmp_path / "cmp"),
         short=True,
@@ -83,6 +168,14 @@ def test_compare_short_runs_two_methods_on_mixed_staleness_batches_from_one_star
         last = [json.loads(line)["data"] for line in open(tmp_path / "cmp" / "seed0" / f"{method}_s{MIXED}.jsonl")][-1]
         assert last["replay/fraction"] == 0.0 and last["replay/staleness_max"] > last["replay/staleness_min"]
         assert last["replay/staleness_mean"] >= 1.0
+        # verl's weights pi_old / pi_rollout from the stored searcher log-probs, truncated at TBA′'s clamp (tb_pg's
+        # are untruncated: its loss clamps the whole ratio)
+        assert last["rollout_corr/rollout_is_mean"] > 0
+        if method == "drgrpo_tis":
+            assert last["rollout_corr/rollout_is_max"] <= 8.0
+    for r in runs:  # every arm drew from the same store: equally stale batches, nothing dropped by verl's cap
+        assert r["trained_staleness"]["dropped_groups"] == 0
+        assert r["trained_staleness"]["mean"] == pytest.approx(runs[0]["trained_staleness"]["mean"], rel=0.1)
     run = tmp_path / "cmp"
     assert "Dr. GRPO" in (run / "report.md").read_text()
     assert (run / "accuracy_vs_updates.png").stat().st_size > 10_000
@@ -291,7 +384,11 @@ def test_provenance_names_the_commit_of_the_tba_ext_that_ran_not_of_the_current_
     checkout = Path(tba_ext.__file__).resolve().parents[1]
     expected = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
     monkeypatch.chdir(tmp_path)  # not a git folder
-    assert provenance()["commit"] == expected.stdout.strip() != ""
+    made = provenance()
+    assert made["commit"] == expected.stdout.strip() != ""
+    import torch  # the vector unit a float32 result depends on (ATEN_CPU_CAPABILITY), recorded with it
+
+    assert made["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and made["torch_threads"] >= 1
 
 
 def test_every_evidence_study_is_a_compare_grid_the_docs_render(monkeypatch):

@@ -1,12 +1,14 @@
 """``tba-ext compare``: TB, TBA′ and Dr. GRPO on identical model, warm start, data and seeds, over staleness.
 
-Staleness s bounds every source of off-policy data for every method (``tba_ext.tools.recipe.method_overrides``):
-s = 0 is on-policy; s > 0 lets generation run s batches ahead and TB / TBA′ replay nothing staler than s;
-``mix`` trains every method on batches that mix staleness 1, 4, 10 and 32, each group once.
-Dr. GRPO is verl's built-in (``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False``, no KL).
-The quickstart's recipe (model, warm start, lr, batch, beta, m) is the one used here. Each run reports held-out
-greedy accuracy (verl's own validation, before training and every ``eval_every`` updates) and the sampled
-accuracy of the exported model; the summary is mean, sd and a 95 % t-interval of the gain over seeds.
+Staleness s sets how stale every method's data are (``tba_ext.tools.recipe.method_overrides``): s = 0 is
+on-policy; s > 0 lets generation run s batches ahead with verl's own staleness cap off for every arm, and TB / TBA′
+replay nothing staler than s; ``mix`` trains every method on batches that mix staleness 1, 4, 10 and 32, each group
+once. Dr. GRPO is verl's built-in (``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False``, no KL), uncorrected
+and with verl's rollout corrections (``recipe.METHODS``). The quickstart's recipe (model, warm start, lr, batch,
+beta, m) is the one used here. Each run reports held-out greedy accuracy (verl's own validation, before training and
+every ``eval_every`` updates), the sampled accuracy of the exported model and the staleness it trained on; the
+summary is mean, sd and a 95 % t-interval of the gain over seeds, and arms are paired by seed only where they
+trained on equally stale data.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def summarise(results: list[dict]) -> dict:
                 # how stale the trained samples were (verl's staleness metric, mean over updates and seeds): the
                 # methods at one s must train on equally stale data for the comparison to hold
                 "mean_staleness": _mean([r["mean_staleness"] for r in rows if r.get("mean_staleness") is not None]),
+                **_staleness_means(rows),
             }
     for by_s in summary.values():  # issue 14's goal: how much of its on-policy gain a method keeps off-policy
         on_policy = by_s.get("0")
@@ -90,6 +93,20 @@ def summarise(results: list[dict]) -> dict:
     return summary
 
 
+def _staleness_means(rows: list[dict]) -> dict:
+    """``trained_staleness`` over seeds (``staleness_<figure>``): the mean of each figure, the largest max, and
+    the dropped groups summed; empty where a run has none recorded."""
+    stats = [r.get("trained_staleness") for r in rows]
+    if not stats or any(st is None or st["mean"] is None for st in stats):
+        return {}
+    return {
+        "staleness_median": float(np.mean([st["median"] for st in stats])),
+        "staleness_p90": float(np.mean([st["p90"] for st in stats])),
+        "staleness_max": max(st["max"] for st in stats),
+        "dropped_groups": sum(st["dropped_groups"] for st in stats),
+    }
+
+
 def _diversity_means(rows: list[dict]) -> dict:
     """Mean over seeds of each diversity figure after training (``<figure>_after_mean``), where every run has it."""
     after = [r.get("diversity_after") for r in rows]
@@ -98,39 +115,105 @@ def _diversity_means(rows: list[dict]) -> dict:
     return {f"{key}_after_mean": float(np.mean([d[key] for d in after])) for key in after[0]}
 
 
+# arms whose mean trained-on staleness differs by more than this share of the larger are not paired: their
+# difference would measure the staleness as much as the method
+STALENESS_TOLERANCE = 0.10
+STALENESS_KEY = "training/off_policy/trajectory_staleness"  # verl's, per update: (step - 1) - newest version
+
+
+def trained_staleness(records: list[dict]) -> dict:
+    """How stale the data a run trained on were, in updates, from verl's per-update staleness metrics: the mean,
+    median and 90th percentile of the per-update mean, the largest staleness of any trained trajectory, and the
+    groups verl's own cap dropped (each refilled with another prompt; 0 with the cap off)."""
+    means = report.series(records, f"{STALENESS_KEY}/mean")[1]
+    maxes = report.series(records, f"{STALENESS_KEY}/max")[1]
+    dropped = sum(v for r in records for k, v in r["data"].items() if k.endswith("/off_policy/evicted_samples"))
+    return {
+        "mean": _mean(means),
+        "median": float(np.median(means)) if means else None,
+        "p90": float(np.percentile(means, 90)) if means else None,
+        "max": max(maxes) if maxes else None,
+        "dropped_groups": int(dropped),
+    }
+
+
+def staleness_mismatch(results: list[dict], method: str, baseline: str, s: str) -> str | None:
+    """Why ``method`` and ``baseline`` at level ``s`` must not be paired (None: their mean trained-on staleness,
+    averaged over seeds, is within STALENESS_TOLERANCE, or unrecorded)."""
+
+    def mean_of(m: str) -> float | None:
+        runs = [r for r in results if run_cell(r)[:2] == (m, s) and r.get("mean_staleness") is not None]
+        return _mean([r["mean_staleness"] for r in runs])
+
+    a, b = mean_of(method), mean_of(baseline)
+    if a is None or b is None or abs(a - b) <= STALENESS_TOLERANCE * max(abs(a), abs(b)):
+        return None
+    return (
+        f"not paired: {label(method)} trained on data {a:.1f} updates old on average and {label(baseline)} on "
+        f"{b:.1f}, more than {100 * STALENESS_TOLERANCE:.0f} % apart"
+    )
+
+
 def _gains(results: list[dict]) -> dict[tuple[str, str, int], float]:
     """Held-out greedy gain (after - before) of each run, by (method, staleness as text, seed)."""
     return {run_cell(r): r["accuracy_after"] - r["accuracy_before"] for r in results}
 
 
-def _paired_cells(diffs: dict) -> dict:
-    """method -> s -> per-seed differences, summarised: mean, sd, half-width of the 95 % paired t-interval, n seeds
-    and whether the interval excludes 0."""
+def _paired_cells(diffs: dict, refused: dict | None = None) -> dict:
+    """method -> s -> per-seed differences, summarised: mean, sd, half-width of the 95 % paired t-interval, n seeds,
+    whether the interval excludes 0 and the two-sided paired t-test's p-value (``p_holm``, adjusted over a whole
+    study, is added by ``holm_adjust``). ``refused``: (method, s) -> why that cell is not paired."""
+    from scipy import stats
+
     out: dict = {}
     for method, by_s in diffs.items():
         for s, values in by_s.items():
+            reason = (refused or {}).get((method, s))
+            if reason:
+                out.setdefault(method, {})[s] = {"refused": reason, "n_seeds": len(values)}
+                continue
             mean, sd, half = interval95(values)
+            p = float(stats.ttest_1samp(values, 0.0).pvalue) if len(values) > 1 and sd > 0 else None
             out.setdefault(method, {})[s] = {
                 "mean": mean,
                 "sd": sd,
                 "ci95": half,
                 "n_seeds": len(values),
                 "excludes_zero": len(values) > 1 and (mean - half > 0 or mean + half < 0),
+                "p_value": p,
             }
     return out
 
 
-def paired_differences(results: list[dict], baseline: str = "drgrpo") -> dict:
-    """Per method and staleness, the seed-paired difference of held-out greedy gain against ``baseline`` (the same
-    seed's model, warm start and data order), summarised by ``_paired_cells``. Seeds without both runs are left
-    out."""
+def holm_adjust(families: list[dict]) -> None:
+    """Holm's step-down adjustment over every paired cell of a study (all of ``families``: paired differences and
+    staleness costs), written into each cell as ``p_holm``: the study reports about thirty intervals, and one
+    excluding 0 by chance is expected among them."""
+    from statsmodels.stats.multitest import multipletests
+
+    cells = [c for family in families for by_s in family.values() for c in by_s.values()]
+    cells = [c for c in cells if c.get("p_value") is not None]
+    if not cells:
+        return
+    adjusted = multipletests([c["p_value"] for c in cells], method="holm")[1]
+    for cell, p in zip(cells, adjusted):
+        cell["p_holm"] = float(p)
+
+
+def paired_differences(results: list[dict], baseline: str = "drgrpo", exclude=()) -> dict:
+    """Per method (but ``exclude``) and staleness, the seed-paired difference of held-out greedy gain against
+    ``baseline`` (the same seed's model, warm start and data order), summarised by ``_paired_cells``; none between
+    arms at unequal staleness (``staleness_mismatch``). Seeds without both runs are left out."""
     gains = _gains(results)
     diffs: dict = {}
     for (method, s, seed), gain in sorted(gains.items(), key=lambda kv: str(kv[0])):
         base = gains.get((baseline, s, seed))
-        if method != baseline and base is not None:
+        if method != baseline and method not in exclude and base is not None:
             diffs.setdefault(method, {}).setdefault(s, []).append(gain - base)
-    return _paired_cells(diffs)
+    refused = {
+        (method, s): staleness_mismatch(results, method, baseline, s) for method, by_s in diffs.items() for s in by_s
+    }
+    return _paired_cells(diffs, refused)
 
 
 def staleness_cost(results: list[dict], baseline: str = "drgrpo") -> dict:
@@ -148,10 +231,12 @@ def staleness_cost(results: list[dict], baseline: str = "drgrpo") -> dict:
     ordered = sorted(cost.items(), key=lambda kv: (method_order(kv[0][0]), str(kv[0])))
     for (method, s, _seed), c in ordered:  # each method's own cost, then each cost against the baseline's
         diffs.setdefault(method, {}).setdefault(s, []).append(c)
+    refused = {}
     for (method, s, seed), c in ordered:
         if method != baseline and (baseline, s, seed) in cost:
             diffs.setdefault(f"{method} - {baseline}", {}).setdefault(s, []).append(c - cost[(baseline, s, seed)])
-    return _paired_cells(diffs)
+            refused[(f"{method} - {baseline}", s)] = staleness_mismatch(results, method, baseline, s)
+    return _paired_cells(diffs, refused)
 
 
 def _band_plot(curves: dict, path: str, x: str) -> None:
@@ -284,6 +369,7 @@ def train_one(
     after = greedy_accuracy(hf_model_dir(ckpt, steps), f"{seed_dir}/data/test.parquet", samples=EVAL_SAMPLES, seed=seed)
     shutil.rmtree(ckpt, ignore_errors=True)
     records = report.add_elapsed(report.read_metrics(metrics))
+    staleness = trained_staleness(records)
     val_key = report.find_key(records, "val-core/", "mean@1")
     val_steps, val = report.series(records, val_key) if val_key else ([], [])
     times = dict(zip(*report.series(records, "tba/elapsed_s")))
@@ -305,7 +391,8 @@ def train_one(
         "diversity_after": after.get("diversity"),
         "train_reward_last": report.series(records, "critic/score/mean")[1][-1],
         "grad_norm_median": float(np.median(report.series(records, "actor/grad_norm")[1])),
-        "mean_staleness": _mean(report.series(records, "training/off_policy/trajectory_staleness/mean")[1]),
+        "mean_staleness": staleness["mean"],
+        "trained_staleness": staleness,
         "wall_s": wall,
     }
     print(
@@ -314,6 +401,11 @@ def train_one(
         flush=True,
     )
     return result, curve
+
+
+# what each method is paired against, where the study ran it: the corrected Dr. GRPO a verl user would run on
+# stale data, the uncorrected one, and TBA′ with beta = 0 (what the KL term adds)
+BASELINES = ("drgrpo_tis", "drgrpo", "tb_pg_nokl")
 
 
 def method_order(method: str) -> int:
@@ -357,13 +449,24 @@ def merge(paths: list[str], run_dir: str, results_path: str | None = None) -> di
     return write_results(run_dir, payload, results_path)
 
 
+def analyse(payload: dict) -> dict:
+    """A compare study's statistics from its runs, by the current rules (a results JSON written before a rule
+    changed is shown by them too): the summary, the paired differences against each of BASELINES it ran (none
+    between arms at unequal staleness), the staleness costs and the Holm adjustment over all of them."""
+    out = {k: v for k, v in payload.items() if not k.startswith("paired_vs_")}
+    out["summary"] = summarise(out["runs"])
+    ran = {r["method"] for r in out["runs"]}
+    for i, baseline in enumerate(BASELINES):
+        if baseline in ran:  # each pair once: B - A is not listed again where A - B is
+            out[f"paired_vs_{baseline}"] = paired_differences(out["runs"], baseline, exclude=BASELINES[:i])
+    out["staleness_cost"] = staleness_cost(out["runs"])
+    holm_adjust([out[k] for k in out if k.startswith("paired_vs_")] + [out["staleness_cost"]])
+    return out
+
+
 def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict:
-    """Summary, paired differences, JSON, band plots (vs updates and vs wall-clock) and report.md of a compare run."""
-    payload["summary"] = summarise(payload["runs"])
-    payload["paired_vs_drgrpo"] = paired_differences(payload["runs"])
-    payload["staleness_cost"] = staleness_cost(payload["runs"])
-    if any(r["method"] == "tb_pg_nokl" for r in payload["runs"]):  # the stress study: what the KL term adds
-        payload["paired_vs_tb_pg_nokl"] = paired_differences(payload["runs"], baseline="tb_pg_nokl")
+    """Statistics (``analyse``), JSON, band plots (vs updates and vs wall-clock) and report.md of a compare run."""
+    payload = analyse(payload)
     _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_updates.png", "step")
     _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_time.png", "time")
     report.write_json(payload, f"{run_dir}/compare.json")
@@ -387,13 +490,17 @@ def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict
 
 def compare_tables(doc: dict) -> str:
     """A compare study's tables in markdown (its report.md and the docs): per method and staleness the gain over
-    seeds; each method's seed-paired difference against Dr. GRPO (and against TBA′ with beta = 0 where the study ran
-    it); diversity after training beside the warm start's."""
+    seeds; each method's seed-paired difference against each of BASELINES the study ran, with its p-value and the
+    Holm-adjusted one; the staleness costs; diversity after training beside the warm start's."""
     labels = doc.get("labels", {})
+
+    def shown(method: str) -> str:
+        return labels.get(method, label(method))
+
     rows = [
         "| method | s | n | greedy gain (mean +- sd) | 95 % interval | sampled gain (mean +- sd) "
-        "| kept (greedy, sampled) | staleness trained on |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kept (greedy, sampled) | staleness trained on: mean (median, p90; max) | groups dropped |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for method, cells in doc["summary"].items():
         for s in sorted(cells, key=level_order):
@@ -408,13 +515,13 @@ def compare_tables(doc: dict) -> str:
             rows.append(
                 f"| {name} | {s} | {c['n_seeds']} | {c['gain_mean']:+.3f} +- {c['gain_sd']:.3f} | "
                 f"{interval} | {c['sampled_gain_mean']:+.3f} +- {c['sampled_gain_sd']:.3f} | {kept} | "
-                + ("" if c.get("mean_staleness") is None else f"{c['mean_staleness']:.1f}")
-                + " |"
+                f"{_staleness_cell(c)} | {c.get('dropped_groups', '')} |"
             )
-    for key, baseline in (("paired_vs_drgrpo", "Dr. GRPO"), ("paired_vs_tb_pg_nokl", "TBA′ β=0")):
-        if doc.get(key):
-            intro = f"Paired by seed (same warm start and data order), greedy gain minus {baseline}'s"
-            rows += ["", *_paired_rows(doc[key], intro, lambda m, b=baseline: f"{labels.get(m, m)} - {b}")]
+    for baseline in BASELINES:
+        if doc.get(f"paired_vs_{baseline}"):
+            name = labels.get(baseline, label(baseline))
+            intro = f"Paired by seed (same warm start and data order), greedy gain minus {name}'s"
+            rows += ["", *_paired_rows(doc[f"paired_vs_{baseline}"], intro, lambda m, b=name: f"{shown(m)} - {b}")]
     if doc.get("staleness_cost"):
         intro = (
             "Staleness cost, paired by seed: a method's greedy gain at s minus its own on-policy (s = 0) gain, and "
@@ -435,20 +542,36 @@ def _cost_name(key: str, labels: dict) -> str:
 def _paired_rows(paired: dict, intro: str, name) -> list[str]:
     """A table of seed-paired differences (``_paired_cells``), each row named by ``name(key)``."""
     rows = [
-        f"{intro}, 95 % paired t-interval:",
+        f"{intro}, 95 % paired t-interval (p: paired t-test; Holm: adjusted over every paired row of the study):",
         "",
-        "| difference | s | n seeds | mean +- sd | 95 % interval | excludes 0 |",
-        "|---|---|---|---|---|---|",
+        "| difference | s | n seeds | mean +- sd | 95 % interval | excludes 0 | p | Holm p |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for method, cells in paired.items():
         for s in sorted(cells, key=level_order):
             c = cells[s]
+            if c.get("refused"):
+                rows.append(f"| {name(method)} | {s} | {c['n_seeds']} | {c['refused']} | | | | |")
+                continue
             rows.append(
                 f"| {name(method)} | {s} | {c['n_seeds']} | {c['mean']:+.3f} +- "
                 f"{c['sd']:.3f} | {_interval(c['mean'], c['ci95'], c['n_seeds'])} | "
-                f"{'yes' if c['excludes_zero'] else 'no'} |"
+                f"{'yes' if c['excludes_zero'] else 'no'} | {_p(c.get('p_value'))} | {_p(c.get('p_holm'))} |"
             )
     return rows
+
+
+def _staleness_cell(c: dict) -> str:
+    if c.get("mean_staleness") is None:
+        return ""
+    if "staleness_p90" not in c:  # a run from before the distribution was recorded
+        return f"{c['mean_staleness']:.1f}"
+    spread = f"{c['staleness_median']:.1f}, {c['staleness_p90']:.1f}; {c['staleness_max']:.0f}"
+    return f"{c['mean_staleness']:.1f} ({spread})"
+
+
+def _p(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
 
 
 def _diversity_table(doc: dict) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
-from tba_ext.core.settings import REPLAY_SAMPLER_NAME, REPLAY_SAMPLER_PATH, SAMPLER_KWARGS
+from tba_ext.core.settings import IS_RATIO_MAX, REPLAY_SAMPLER_NAME, REPLAY_SAMPLER_PATH, SAMPLER_KWARGS
 from tba_ext.core.steps import TBA_MODE_PREFIX
 
 
@@ -85,11 +85,23 @@ def recipe_for(task: str | None, short: bool = False) -> Recipe:
 STALL_TIMEOUT_S = 600  # a CPU step takes seconds: ten minutes without one means a hung worker
 EVAL_SAMPLES = 16  # temperature-1 samples per held-out prompt for the sampled accuracy (the reward RL optimises)
 
+# every method at level s trains on data as stale as s alone makes it: verl's own cap (default 8 versions, the
+# staler groups dropped and refilled with other prompts) is off for every arm, so each arm sees the same prompts
+# in the same order, generated s batches ahead, and the replay arms' store serves nothing staler than s
+UNCAPPED = "trainer.v1.sampler.max_off_policy_threshold=null"
 REPLAY_SAMPLER = [
-    "trainer.v1.sampler.max_off_policy_threshold=null",
     f"trainer.v1.sampler.custom_sampler.path={REPLAY_SAMPLER_PATH}",
     f"trainer.v1.sampler.custom_sampler.name={REPLAY_SAMPLER_NAME}",
 ]
+
+
+ROLLOUT_CORRECTION = "++algorithm.rollout_correction."  # set or add: verl's config has the node
+
+
+def _rollout_is(level: str) -> tuple[str, ...]:
+    """verl's decoupled rollout correction: Dr. GRPO's loss weighted by pi_old / pi_rollout (per token, or the
+    sequence's product) truncated at TBA′'s clamp."""
+    return (f"{ROLLOUT_CORRECTION}rollout_is={level}", f"{ROLLOUT_CORRECTION}rollout_is_threshold={IS_RATIO_MAX}")
 
 
 @dataclass(frozen=True)
@@ -110,9 +122,17 @@ METHODS = {
     # the staleness stress's arm: TBA′ with beta = 0, its advantage the plain group-centred reward (no KL term);
     # next to TBA′ so that tables list the two side by side
     "tb_pg_nokl": Method("TBA′ β=0", "cpu_tb_pg", TBA_MODE_PREFIX, True, ("algorithm.kl_ctrl.kl_coef=0.0",)),
-    "drgrpo": Method("Dr. GRPO", "cpu_drgrpo", "", False),
+    # TBA′ on exactly Dr. GRPO's batches (verl's own sampler: no store, no replay, no resampling), so that against
+    # the corrected Dr. GRPO below it differs in the advantage alone
+    "tb_pg_fifo": Method("TBA′ no store", "cpu_tb_pg", TBA_MODE_PREFIX, False),
+    "drgrpo": Method("Dr. GRPO", "cpu_drgrpo", "", False),  # the uncorrected reference
+    # what a verl user runs on stale data: verl's rollout corrections, truncated where TBA′ clamps its ratio
+    "drgrpo_tis": Method("Dr. GRPO token-IS", "cpu_drgrpo", "", False, _rollout_is("token")),
+    "drgrpo_sis": Method("Dr. GRPO seq-IS", "cpu_drgrpo", "", False, _rollout_is("sequence")),
+    # pi_old := pi_rollout, so verl's PPO clip bounds the ratio to the policy that generated each token
+    "drgrpo_bypass": Method("Dr. GRPO bypass", "cpu_drgrpo", "", False, (f"{ROLLOUT_CORRECTION}bypass_mode=True",)),
 }
-COMPARED = ("tb", "tb_pg", "drgrpo")  # what compare trains unless told otherwise
+COMPARED = ("tb", "tb_pg", "drgrpo_tis", "drgrpo")  # what compare trains unless told otherwise
 
 
 def label(method: str) -> str:
@@ -161,6 +181,7 @@ def method_overrides(method: str, staleness: int | str, recency_prob: float, bat
         kwargs = f"++{SAMPLER_KWARGS}"  # set or add: the shipped configs name some of these keys
         return [
             f"trainer.v1.trainer_mode={m.trainer_prefix}colocate_async",
+            UNCAPPED,
             *m.overrides,
             f"trainer.v1.colocate_async.num_warmup_batches={math.ceil(buffer_groups / batch)}",
             *([] if m.config == "cpu_tba" else REPLAY_SAMPLER),
@@ -169,7 +190,8 @@ def method_overrides(method: str, staleness: int | str, recency_prob: float, bat
             f"{kwargs}min_fresh_groups={batch}",
             f"{kwargs}min_buffer_groups={buffer_groups}",
         ]
-    out = [f"trainer.v1.trainer_mode={m.trainer_prefix}{'colocate_async' if staleness else 'sync'}", *m.overrides]
+    mode = f"trainer.v1.trainer_mode={m.trainer_prefix}{'colocate_async' if staleness else 'sync'}"
+    out = [mode, UNCAPPED, *m.overrides]
     if staleness:
         out.append(f"trainer.v1.colocate_async.num_warmup_batches={staleness}")
     if m.replay:
@@ -201,18 +223,29 @@ def training_overrides(run_dir: str, p: Recipe, seed: int, steps: int, eval_ever
 
 def prepare(run_dir: str, p: Recipe, seed: int) -> dict:
     """The run folder the quickstart and compare start from: the model and tokenizer built offline, the task's
-    parquet files and the supervised warm start (``model_sft``)."""
+    parquet files and the supervised warm start (``model_sft``), built on the pinned CPU kernels
+    (``tba_ext.tools.kernels``: the same model on every CPU)."""
+    from tba_ext.tools.kernels import on_pinned_kernels
+
+    t0 = time.time()
+    info = on_pinned_kernels("model_and_warm_start", run_dir=run_dir, recipe=asdict(p), seed=seed)
+    return {**info, "prepare_seconds": time.time() - t0}
+
+
+def model_and_warm_start(run_dir: str, recipe: dict, seed: int) -> dict:
+    """``prepare``'s work, in the process it runs in: its model's summary and the warm start's final loss."""
     from tba_ext.tasks.data import corpus_for, write_task
+    from tba_ext.tools.kernels import kernels_pinned
     from tba_ext.tools.models import ModelSpec, make_model
     from tba_ext.tools.warmstart import warm_start
 
-    t0 = time.time()
-    print(f"[1/5] building a {p.size} Qwen2 model and tokenizer offline", flush=True)
-    task = p.task
-    model_info = make_model(f"{run_dir}/model", corpus_for(task, seed), ModelSpec(size=p.size, seed=seed))
+    p = Recipe(**recipe)
+    kernels = "pinned" if kernels_pinned() else "this CPU's own"
+    print(f"[1/5] building a {p.size} Qwen2 model and tokenizer offline ({kernels} kernels)", flush=True)
+    model_info = make_model(f"{run_dir}/model", corpus_for(p.task, seed), ModelSpec(size=p.size, seed=seed))
     print(f"      {model_info['parameters']:,} parameters, vocabulary {model_info['vocab']}", flush=True)
     print(f"[2/5] writing the {p.task} task: {p.train} train / {p.test} test prompts", flush=True)
-    write_task(task, f"{run_dir}/data", p.train, p.test, seed)
+    write_task(p.task, f"{run_dir}/data", p.train, p.test, seed)
     print(f"[3/5] supervised warm start, {p.sft_steps} steps", flush=True)
     losses = warm_start(
         f"{run_dir}/model",
@@ -223,8 +256,4 @@ def prepare(run_dir: str, p: Recipe, seed: int) -> dict:
         seed=seed,
         log_every=max(p.sft_steps // 4, 1),
     )
-    return {
-        "model": model_info,
-        "sft_final_loss": sum(losses[-20:]) / len(losses[-20:]),
-        "prepare_seconds": time.time() - t0,
-    }
+    return {"model": model_info, "sft_final_loss": sum(losses[-20:]) / len(losses[-20:])}
