@@ -117,30 +117,40 @@ def run_verl(
     if stall_timeout is None and os.environ.get("TBA_EXT_STALL_TIMEOUT"):
         stall_timeout = float(os.environ["TBA_EXT_STALL_TIMEOUT"])
     cfg, extra_env, cpu_host = _checked_config(config_name, overrides, extra_env)
-    ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
     env = launch_env(os.environ, cpu_host=cpu_host, extra=extra_env)
     logger = []
     if metrics_path:
         env["VERL_FILE_LOGGER_PATH"] = os.path.abspath(metrics_path)
         logger = ["trainer.logger=[console,file]"]
-    cmd = _verl_command(config_name, overrides, cfg, ray_tmp, env, logger)
-    progress = _Progress(int(cfg.trainer.total_training_steps or 0))
-    log = open(log_path, "w") if log_path else None
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    reader, causes = _start_reader(proc, log, progress)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        rc, stalled = _wait_or_stop_stalled(proc, progress, stall_timeout, startup_timeout)
-    except (KeyboardInterrupt, _Terminated):
-        terminate(proc)
-        raise KeyboardInterrupt from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        _end_run(proc, reader, log, ray_tmp)
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        ray_tmp = tempfile.mkdtemp(prefix="tba_ray_", dir="/tmp")
+        cmd = _verl_command(config_name, overrides, cfg, ray_tmp, env, logger)
+        progress = _Progress(int(cfg.trainer.total_training_steps or 0))
+        log = open(log_path, "w" if attempt == 1 else "a") if log_path else None
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        reader, causes, ray_start_failed = _start_reader(proc, log, progress)
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        try:
+            rc, stalled = _wait_or_stop_stalled(proc, progress, stall_timeout, startup_timeout)
+        except (KeyboardInterrupt, _Terminated):
+            terminate(proc)
+            raise KeyboardInterrupt from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            _end_run(proc, reader, log, ray_tmp)
+        if rc == 0 or stalled or not ray_start_failed or attempt == RAY_START_ATTEMPTS:
+            break
+        print(f"Ray's node did not register in time (attempt {attempt} of {RAY_START_ATTEMPTS}): starting it again")
     _raise_if_failed(rc, stalled, check, causes, log_path)
     return rc
+
+
+# Ray gives a new node 30 s to register with its GCS (ray/_private/node.py, a constant) and raises this before
+# anything of the run has started; an overloaded machine can miss that, so the launch is made again on a fresh node
+RAY_START_TIMEOUT = "The current node timed out during startup"
+RAY_START_ATTEMPTS = 3
 
 
 def _checked_config(config_name: str, overrides: list[str], extra_env: dict | None):
@@ -179,15 +189,19 @@ def _verl_command(config_name: str, overrides: list[str], cfg, ray_tmp: str, env
     ]
 
 
-def _start_reader(proc, log, progress: _Progress) -> tuple[threading.Thread, list[str]]:
+def _start_reader(proc, log, progress: _Progress) -> tuple[threading.Thread, list[str], list[str]]:
     """A thread copying the run's output to ``log`` and progress lines to stdout; also returns the list it
-    fills with the first error tba-ext raised inside Ray."""
+    fills with the first error tba-ext raised inside Ray, and the one it fills when Ray's node failed to start
+    (RAY_START_TIMEOUT)."""
     causes: list[str] = []  # the first error tba-ext raised inside Ray; verl's own final error hides it
+    ray_start_failed: list[str] = []
 
     def remember_cause(line: str) -> None:
         match = _TBA_ERROR.search(line)
         if match and not causes:
             causes.append(match.group(0).strip())
+        if RAY_START_TIMEOUT in line:
+            ray_start_failed.append(line)
 
     def pump():  # Ray's daemons inherit the pipe, so reading runs in its own thread and never blocks exit
         for line in proc.stdout:
@@ -205,7 +219,7 @@ def _start_reader(proc, log, progress: _Progress) -> tuple[threading.Thread, lis
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    return reader, causes
+    return reader, causes, ray_start_failed
 
 
 def _wait_or_stop_stalled(
