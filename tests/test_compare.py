@@ -168,11 +168,8 @@ def test_compare_short_runs_two_methods_on_mixed_staleness_batches_from_one_star
         last = [json.loads(line)["data"] for line in open(tmp_path / "cmp" / "seed0" / f"{method}_s{MIXED}.jsonl")][-1]
         assert last["replay/fraction"] == 0.0 and last["replay/staleness_max"] > last["replay/staleness_min"]
         assert last["replay/staleness_mean"] >= 1.0
-        # verl's weights pi_old / pi_rollout from the stored searcher log-probs, truncated at TBA′'s clamp (tb_pg's
-        # are untruncated: its loss clamps the whole ratio)
-        assert last["rollout_corr/rollout_is_mean"] > 0
-        if method == "drgrpo_tis":
-            assert last["rollout_corr/rollout_is_max"] <= 8.0
+        if method == "drgrpo_tis":  # verl's weights pi_old / pi_rollout from the stored searcher log-probs
+            assert 0 < last["rollout_corr/rollout_is_mean"] and last["rollout_corr/rollout_is_max"] <= 8.0
     for r in runs:  # every arm drew from the same store: equally stale batches, nothing dropped by verl's cap
         assert r["trained_staleness"]["dropped_groups"] == 0
         assert r["trained_staleness"]["mean"] == pytest.approx(runs[0]["trained_staleness"]["mean"], rel=0.1)
