@@ -134,6 +134,9 @@ def test_the_math_configs_reward_function_scores_math_rows(name):
         ("+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpus=4", "ppo_micro_batch_size_per_gpus"),
         ("+trainer.v1.sampler.sampler_kwargs.recency_probb=0.5", "recency_probb"),
         ("+tba.ref_reset_everyy=5", "tba.ref_reset_everyy"),
+        ("+trainer.fooo=1", "trainer.fooo (no code reads 'fooo')"),  # like no key there: no code has the name
+        ("+actor_rollout_ref.model.override_config.attn_implementaton=sdpa", "no code reads 'attn_implementaton'"),
+        ("++data.custom_flag.depth=2", "data.custom_flag.depth"),
     ],
 )
 def test_a_launch_refuses_an_override_nothing_reads_naming_it(override, named, monkeypatch, tmp_path):
@@ -146,6 +149,11 @@ def test_a_launch_refuses_an_override_nothing_reads_naming_it(override, named, m
         check_tba_run(OmegaConf.to_container(tba_compose(name, overrides), resolve=True))
 
     launch_checks("tba_qwen2.5-7b_gsm8k_fsdp2", ["actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+    # keys code reads that the composed config lacks: a transformers config field, a verl key read with .get()
+    launch_checks(
+        "tba_qwen2.5-7b_gsm8k_fsdp2",
+        ["+actor_rollout_ref.model.override_config.rope_theta=10000", "+trainer.remove_previous_ckpt_in_save=false"],
+    )
     with pytest.raises(ValueError, match=re.escape(named)):
         launch_checks("tba_qwen2.5-7b_gsm8k_fsdp2", [override])
 

@@ -32,6 +32,7 @@ from verl.utils.transferqueue_utils import KVBatchMeta
 from verl.workers.utils.padding import response_from_nested
 
 from tba_ext.core import tb
+from tba_ext.core.sealed import check_sealed, read_sealed, write_sealed
 from tba_ext.core.wire import (
     KEY_FIELD,
     MICRO_BATCH_KEY,
@@ -199,9 +200,7 @@ def _save_reference_shard(worker, folder: str) -> None:
     rank, world = _rank()
     tensors = {name: t.detach().cpu().clone() for name, t in _local_tensors(_engine_module(worker, "ref")).items()}
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".rank_{rank}.pt.tmp")
-    torch.save({"world_size": world, "tensors": tensors}, tmp)
-    os.replace(tmp, os.path.join(folder, f"rank_{rank}.pt"))
+    write_sealed(os.path.join(folder, f"rank_{rank}.pt"), {"world_size": world, "tensors": tensors})
 
 
 def check_reference_folder(folder: str, world: int) -> None:
@@ -214,12 +213,14 @@ def check_reference_folder(folder: str, world: int) -> None:
             f"{folder} holds reference shards of ranks {saved}, this run's reference has {world} rank(s): resume "
             "with the trainer.n_gpus_per_node x trainer.nnodes the checkpoint was saved with"
         )
+    for rank in saved:  # every shard intact before any rank loads its own
+        check_sealed(os.path.join(folder, f"rank_{rank}.pt"), f"reference shard {folder}/rank_{rank}.pt")
 
 
 def _load_reference_shard(worker, folder: str) -> int:
     """Runs inside a worker holding the reference: copies this rank's saved shard into it."""
     rank, world = _rank()
-    saved = torch.load(os.path.join(folder, f"rank_{rank}.pt"), weights_only=True)
+    saved = read_sealed(os.path.join(folder, f"rank_{rank}.pt"), f"reference shard {folder}/rank_{rank}.pt")
     if saved["world_size"] != world:
         raise RuntimeError(
             f"{folder} holds a reference sharded over {saved['world_size']} ranks, this run has "

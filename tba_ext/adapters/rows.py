@@ -4,7 +4,7 @@ A row written by verl's V1 agent loop (``agent_loop_tq._agent_loop_postprocess``
 fields, the ``AgentLoopOutput`` of one sample and what verl derives from them. The store keeps:
 - per prompt, once: the dataset fields and the prompt tokens;
 - per trajectory: response tokens (int32), the searcher's log-probs (float32), the reward, and the remaining
-  small per-sample fields pickled to bytes.
+  small per-sample fields packed to bytes (``tba_ext.core.sealed.pack``: msgpack, data only, never a pickle).
 Fields verl derives (``input_ids``, ``position_ids``, ``loss_mask``, the ``rm_scores`` vector, an all-ones
 ``response_mask``, the length tags) are rebuilt exactly as verl builds them; a row where one of them is not
 the standard derivation (multi-modal position ids, tool-masked responses, ...) keeps its own copy.
@@ -12,13 +12,13 @@ the standard derivation (multi-modal position ids, tool-masked responses, ...) k
 
 from __future__ import annotations
 
-import pickle
 import zlib
 
 import numpy as np
 import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
+from tba_ext.core.sealed import pack, unpack
 from tba_ext.core.wire import SEARCHER_REFERENCE
 
 # per-sample fields: AgentLoopOutput's (under the names ``as_dict`` gives them) and what verl adds per sample
@@ -65,17 +65,6 @@ def as_numpy(value) -> np.ndarray:
     return value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
-def _pack(value):
-    """Tensors travel as numpy arrays (pickled tensors carry storage overhead)."""
-    return ("tensor", value.numpy()) if isinstance(value, torch.Tensor) else value
-
-
-def _unpack(value):
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == "tensor":
-        return torch.from_numpy(np.array(value[1]))
-    return value
-
-
 def split_row(row: dict, tag: dict) -> tuple[bytes, np.ndarray, np.ndarray | None, float, bytes]:
     """A verl row and its tag -> (packed prompt fields, response int32, rollout log-probs float32 or None,
     reward, packed per-sample extras)."""
@@ -113,11 +102,15 @@ def split_row(row: dict, tag: dict) -> tuple[bytes, np.ndarray, np.ndarray | Non
 
 
 def _dumps(fields: dict) -> bytes:
-    return zlib.compress(pickle.dumps({key: _pack(value) for key, value in fields.items()}, protocol=5), 1)
+    try:
+        return zlib.compress(pack(fields), 1)
+    except TypeError as exc:  # a field of a type tba-ext cannot store without pickle
+        names = ", ".join(sorted(map(str, fields)))
+        raise TypeError(f"a verl row field cannot enter the replay store ({exc}); the fields: {names}") from exc
 
 
 def _loads(packed: bytes) -> dict:
-    return {key: _unpack(value) for key, value in pickle.loads(zlib.decompress(packed)).items()}
+    return unpack(zlib.decompress(packed))
 
 
 def load_prompt(packed: bytes) -> dict:

@@ -45,7 +45,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tba_ext.adapters.rows import as_numpy, build_row, load_prompt, pop_searcher_reference, split_row
-from tba_ext.core.ledger import unbalanced
+from tba_ext.core.ledger import LedgerError, unbalanced
 from tba_ext.core.replay import (
     ReferenceLogProbs,
     ReplaySampler,
@@ -438,8 +438,17 @@ class TBAReplaySampler(ReplayBufferAsync):
                 f"{self.updates_per_version}: resume with the same data.train_batch_size, "
                 "ppo_mini_batch_size and ppo_epochs, or start without this checkpoint"
             )
-        self.sampler.load_state_dict(state["sampler"])
-        self.largest_group = state["largest_group"]
+        # into a fresh store and sampler, taken only once the whole state read: a refused file leaves nothing
+        store = TrajectoryStore(self.store.per_prompt_capacity, self.store.capacity, dedup=self.store.dedup)
+        sampler = ReplaySampler(store, self.settings)
+        try:
+            sampler.load_state_dict(state["sampler"])
+            largest_group = int(state["largest_group"])
+        except (KeyError, TypeError, IndexError, AttributeError, LedgerError) as exc:
+            raise ValueError(f"{path} is not a replay store this tba-ext reads ({type(exc).__name__}: {exc})") from exc
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+        self.store, self.sampler, self.largest_group = store, sampler, largest_group
         saved = (self.store.per_prompt_capacity, self.store.capacity, self.store.capacity_bytes)
         evicted = self.store.resize(
             self.settings.per_prompt_capacity, self.settings.capacity, self.settings.capacity_bytes

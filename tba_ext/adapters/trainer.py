@@ -35,15 +35,16 @@ from tba_ext.adapters import fused, losses
 from tba_ext.adapters.checks import RESUME_REMEDY, check_tba_run, fused_update_plan, planned_epochs
 from tba_ext.adapters.llm_client import ReferenceKeepingClient
 from tba_ext.adapters.lr_schedule import install_lr_schedule
-from tba_ext.adapters.reference import ReferenceMixin, data_parallel_size
+from tba_ext.adapters.reference import REFERENCE_DIR, ReferenceMixin, data_parallel_size
 from tba_ext.adapters.trainer_metrics import TrainerMetricsMixin
-from tba_ext.core import tb, wire
+from tba_ext.core import steps, tb, wire
 from tba_ext.core.hold import hold_point
 from tba_ext.core.replay import REPLAY_FILE
 from tba_ext.core.steps import scheduler_updates_per_call, step_folder, updates_per_step
 from tba_ext.tasks.data import check_chat_template
 
 logger = logging.getLogger(__name__)
+OWN_FILES = (REPLAY_FILE, REFERENCE_DIR)  # what tba-ext writes into verl's global_step_N folders
 
 
 def _first(value) -> float:
@@ -309,6 +310,9 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
             self.replay_buffer.save_store(os.path.join(folder, REPLAY_FILE))
         self._save_reference(folder)
         super()._save_checkpoint()
+        # verl's max_actor_ckpt_to_keep deletes the actor/ of the folders it retires; tba-ext's files there go too
+        for path in steps.prune_retired(self.config.trainer.default_local_dir, self.global_steps, OWN_FILES):
+            print(f"tba-ext: removed {path} (its checkpoint retired by trainer.max_actor_ckpt_to_keep)", flush=True)
         hold_point("checkpoint_saved", self.global_steps)
 
     def _resumed_folder(self) -> str:
@@ -337,6 +341,8 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         # verl calls this once, in its set-up, after the workers exist and whether or not it resumes
         if self.tba.lr_schedule.name is not None:
             self._install_lr_schedule()
+        for path in steps.remove_stale_temp_files(self.config.trainer.default_local_dir, OWN_FILES):
+            print(f"tba-ext: removed {path}, left by a save that was killed", flush=True)
         super()._load_checkpoint()
         if self.global_steps <= 0:
             return

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 UNACCOUNTED, STORED = 0, 1
 EVICTION_RULES = (
     "per_prompt_capacity",  # the prompt held more than per_prompt_capacity trajectories: its oldest left
@@ -45,6 +47,9 @@ class TrajectoryLedger:
         self._place = bytearray()  # per id: its index in PLACES
         self._trained = bytearray()  # per id: 1 once an update used it
         self._uses = array("q")  # flat (id, update) pairs
+        # ids per place and ids trained on, kept as they change: ``counts`` costs the same at any number of ids
+        self._tally = [0] * len(PLACES)
+        self._trained_ids = 0
 
     def __len__(self) -> int:
         return len(self._place)
@@ -53,6 +58,7 @@ class TrajectoryLedger:
         """An id for a trajectory just read from the searchers' output; unaccounted until stored or dropped."""
         self._place.append(UNACCOUNTED)
         self._trained.append(0)
+        self._tally[UNACCOUNTED] += 1
         return len(self._place) - 1
 
     def stored(self, trajectory_id: int) -> None:
@@ -69,6 +75,7 @@ class TrajectoryLedger:
         for trajectory_id in trajectory_ids:
             if self._place[trajectory_id] not in _SERVABLE:
                 raise LedgerError(f"trajectory {trajectory_id} trained on while {self.place(trajectory_id)}")
+            self._trained_ids += not self._trained[trajectory_id]
             self._trained[trajectory_id] = 1
             self._uses.extend((trajectory_id, update))
 
@@ -80,17 +87,26 @@ class TrajectoryLedger:
                 f"trajectory {trajectory_id} is {PLACES[self._place[trajectory_id]]}, cannot become {PLACES[target]}"
             )
         self._place[trajectory_id] = target
+        self._tally[source] -= 1
+        self._tally[target] += 1
 
     def place(self, trajectory_id: int) -> str:
         return PLACES[self._place[trajectory_id]]
 
     def updates_of(self, trajectory_id: int) -> list[int]:
         """The updates that trained on ``trajectory_id``, in order."""
-        return [self._uses[i + 1] for i in range(0, len(self._uses), 2) if self._uses[i] == trajectory_id]
+        pairs = np.frombuffer(self._uses, dtype=np.int64).reshape(-1, 2)
+        return pairs[pairs[:, 0] == trajectory_id, 1].tolist()
 
     def counts(self) -> dict[str, int]:
         """How many ids are in each place (every place listed, 0 included), ``ids`` in all, ``uses`` (trajectory,
-        update) pairs served and ``trained_ids`` distinct trajectories trained on. C-speed counts: per update."""
+        update) pairs served and ``trained_ids`` distinct trajectories trained on. Kept as counters: O(1) in the
+        number of ids (``recount`` derives them from the per-id records)."""
+        places = dict(zip(PLACES, self._tally))
+        return {"ids": len(self._place), **places, "uses": len(self._uses) // 2, "trained_ids": self._trained_ids}
+
+    def recount(self) -> dict[str, int]:
+        """``counts`` from the per-id records (what the counters must equal)."""
         places = {name: self._place.count(code) for code, name in enumerate(PLACES)}
         trained = len(self._trained) - self._trained.count(0)
         return {"ids": len(self._place), **places, "uses": len(self._uses) // 2, "trained_ids": trained}
@@ -128,6 +144,9 @@ class TrajectoryLedger:
         self._trained = bytearray(state["trained"])
         self._uses = array("q")
         self._uses.frombytes(state["uses"])
+        counted = self.recount()
+        self._tally = [counted[name] for name in PLACES]
+        self._trained_ids = counted["trained_ids"]
 
 
 def unbalanced(counts: dict[str, int], store_size: int) -> str | None:

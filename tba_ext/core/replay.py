@@ -38,30 +38,26 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import io
 import math
-import os
 import random
-import zipfile
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from tba_ext.core.ledger import TrajectoryLedger
+from tba_ext.core.sealed import check_sealed, read_sealed, write_sealed
 from tba_ext.core.settings import ReplaySettings
 
-# 4: the trajectory ledger and each trajectory's ledger id; 3: reference log-probs and the reference version.
-# 2 and 3 still load: their trajectories get new ledger ids, stored
-FORMAT_VERSION = 4
-READABLE_FORMATS = (2, 3, 4)
+# 5: a sealed file (tba_ext.core.sealed: msgpack with a digest) holding the store, its ledger and whether it dedups.
+# Formats 2-4 were torch.save pickles, which tba-ext does not read (a pickle can run code as it loads)
+FORMAT_VERSION = 5
+READABLE_FORMATS = (5,)
 FILE_FORMAT = "tba-ext-replay"
 REPLAY_FILE = "tba_replay.pt"  # the store's file in each checkpoint folder (global_step_N/)
-# Python object overhead the store pays per trajectory on top of its bytes (object, hash, index entries),
-# measured by benchmarks/replay.py; used only for the byte capacity.
-# Python objects per trajectory beyond its blob and its prompt's share (benchmarks/replay.py measures the total)
+# Python objects per trajectory beyond its blob and its prompt's share (object, hash, index entries), counted against
+# capacity_bytes only; benchmarks/replay.py measures the total per trajectory
 OVERHEAD_BYTES_PER_TRAJECTORY = 450
 
 
@@ -385,7 +381,8 @@ class TrajectoryStore:
         """The per-prompt cap on ``entries``, then the global caps: the oldest trajectory leaves first."""
         for entry in entries:
             while len(entry.items) > self.per_prompt_capacity:
-                self.evict(entry.items[0], "per_prompt_capacity")
+                if not self.evict(entry.items[0], "per_prompt_capacity"):  # an index out of step: never loop on it
+                    raise RuntimeError(f"replay store: prompt {entry.items[0].prompt_key!r} indexes its items wrongly")
         while self._size > self.capacity or (self.capacity_bytes is not None and self._bytes > self.capacity_bytes):
             self._evict_oldest("capacity" if self._size > self.capacity else "capacity_bytes")
 
@@ -431,6 +428,7 @@ class TrajectoryStore:
             "per_prompt_capacity": self.per_prompt_capacity,
             "capacity": self.capacity,
             "capacity_bytes": self.capacity_bytes,
+            "dedup": self.dedup,
             "order": self._order,
             "stats": vars(self.stats).copy(),
             # dict orders decide which prompt of the oldest version is evicted first: kept as they are
@@ -452,30 +450,37 @@ class TrajectoryStore:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict``, or raise ValueError and leave nothing half-restored that a caller would use
+        (the trainer refuses the whole file; ``ReplayBuffer.load_store`` loads into a fresh store)."""
         if state.get("format_version") not in READABLE_FORMATS:
             raise ValueError(f"replay store format {state.get('format_version')} is not one of {READABLE_FORMATS}")
+        if state["dedup"] != self.dedup:  # keyed by tokens or by order: an index of the other kind does not fit
+            saved, this = ("dedups", "keeps every copy") if state["dedup"] else ("keeps every copy", "dedups")
+            raise ValueError(
+                f"the saved store {saved} of a response, this run {this} (dedup is off exactly when "
+                "staleness_mix is set): resume with the staleness_mix it was saved with"
+            )
         listeners = self.new_prompt_listeners, self.fresh_listeners
-        self.__init__(state["per_prompt_capacity"], state["capacity"], state.get("capacity_bytes"), self.dedup)
+        self.__init__(state["per_prompt_capacity"], state["capacity"], state["capacity_bytes"], self.dedup)
         self.new_prompt_listeners, self.fresh_listeners = listeners
         self._prompts = {key: PromptEntry(payload=payload) for key, payload in state["prompts"]}
         counts: dict = {}
-        references = state.get("references") or [None] * len(state["trajectories"])
-        if "ledger" in state:
-            self.ledger.load_state_dict(state["ledger"])
-        ledger_ids = state.get("ledger_ids") or [None] * len(state["trajectories"])
+        self.ledger.load_state_dict(state["ledger"])
+        rows = state["trajectories"]
+        if not len(rows) == len(state["references"]) == len(state["ledger_ids"]):
+            raise ValueError("the saved store's trajectories, references and ledger ids differ in number")
         for (prompt_key, response, reward, version, logprobs, extras, order, draws), ref, ledger_id in zip(
-            state["trajectories"], references, ledger_ids
+            rows, state["references"], state["ledger_ids"]
         ):
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras, draws=draws)
             traj.order = order
-            if ledger_id is None:  # a store of format 2 or 3: its trajectories enter the books as stored now
-                ledger_id = self.ledger.new_id()
-                self.ledger.stored(ledger_id)
             traj.ledger_id = ledger_id
             if ref is not None:
                 traj.reference = ReferenceLogProbs.__new__(ReferenceLogProbs)
                 traj.reference.half, traj.reference.total, traj.reference.last, traj.reference.version = ref
             entry = self._prompts[prompt_key]
+            if self._identity(traj) in entry.by_digest:  # every eviction finds a trajectory by its identity
+                raise ValueError(f"the saved store holds two trajectories of prompt {prompt_key!r} as one")
             bisect.insort(entry.items, traj, key=_age)
             entry.by_digest[self._identity(traj)] = traj
             self._size += 1
@@ -483,60 +488,47 @@ class TrajectoryStore:
             self._reward_sum += traj.reward
             counts[(version, prompt_key)] = counts.get((version, prompt_key), 0) + 1
         self._version_prompts = {v: {key: counts[(v, key)] for key in keys} for v, keys in state["version_prompts"]}
+        if sum(map(len, self._version_prompts.values())) != len(counts):
+            raise ValueError("the saved store's version index does not match its trajectories")
         self._versions = sorted(self._version_prompts)
         self._order = state["order"]
         self.stats = StoreStats(**state["stats"])
-        self.reference_version = state.get("reference_version", 0)
+        self.reference_version = state["reference_version"]
 
 
 def save_atomic(state: dict, path: str) -> None:
-    """Write ``state`` with torch.save to a temporary file, fsync, then rename over ``path``: a crash at
-    any point leaves either the old file or the new one, never a torn file."""
-    buffer = io.BytesIO()
-    # protocol 5 writes bytes raw (torch's default protocol 2 re-encodes them, ~1.5x the size)
-    torch.save({"format": FILE_FORMAT, "format_version": FORMAT_VERSION, "state": state}, buffer, pickle_protocol=5)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(buffer.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``state`` as a sealed file (``tba_ext.core.sealed``: data only, a digest over it), to a temporary file
+    renamed over ``path``: a crash at any point leaves either the old file or the new one, never a torn file."""
+    write_sealed(path, {"format": FILE_FORMAT, "format_version": FORMAT_VERSION, "state": state})
+
+
+def _what(path: str) -> str:
+    return f"replay store checkpoint {path}"
 
 
 def check_store_file(path: str) -> None:
-    """A whole-file check of a saved store without loading it (a resume's preflight, before Ray starts):
-    ``torch.save``'s zip archive, every member's CRC intact. A cut or overwritten file fails it."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {exc}") from exc
-    if bad is not None:
-        raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {bad} fails its checksum")
+    """A whole-file check of a saved store without decoding it (a resume's preflight, before Ray starts): its
+    digest. A cut, overwritten or bit-flipped file fails it."""
+    check_sealed(path, _what(path))
 
 
 def saved_ledger(path: str) -> tuple[TrajectoryLedger, int]:
     """The ledger of a saved store and how many trajectories the store holds (what its stored ids must number)."""
     store = load_checked(path)["sampler"]["store"]
-    if "ledger" not in store:
-        raise ValueError(f"{path}: a replay store of format {store.get('format_version')}, saved without a ledger")
     ledger = TrajectoryLedger()
     ledger.load_state_dict(store["ledger"])
     return ledger, len(store["trajectories"])
 
 
 def load_checked(path: str) -> dict:
-    """Load a saved store; a damaged file is refused with its path and nothing else is touched."""
-    try:
-        state = torch.load(path, weights_only=False)
-    except Exception as exc:
-        raise ValueError(f"replay store checkpoint {path} is corrupt or unreadable: {exc}") from exc
+    """Load a saved store, verified whole (its digest) before any of it is decoded; a damaged, foreign or old-format
+    file is refused with its path and nothing else is touched."""
+    state = read_sealed(path, _what(path))
     if not isinstance(state, dict) or state.get("format") != FILE_FORMAT:
-        raise ValueError(f"replay store checkpoint {path} is not a tba-ext replay store")
+        raise ValueError(f"{_what(path)} is not a tba-ext replay store")
     if state.get("format_version") not in READABLE_FORMATS:
         raise ValueError(
-            f"replay store checkpoint {path} has format version {state.get('format_version')}, "
-            f"this tba-ext reads {READABLE_FORMATS}"
+            f"{_what(path)} has format version {state.get('format_version')}, this tba-ext reads {READABLE_FORMATS}"
         )
     return state["state"]
 

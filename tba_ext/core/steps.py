@@ -9,13 +9,61 @@ ppo_mini_batch_size x ppo_epochs in general).
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Mapping
 from typing import Any
+
+_STEP_FOLDER = re.compile(r"global_step_(\d+)")
 
 
 def step_folder(default_local_dir: str, global_step: int) -> str:
     """verl's checkpoint folder of a global step (``trainer.default_local_dir``/global_step_N)."""
     return os.path.join(default_local_dir, f"global_step_{global_step}")
+
+
+def step_folders(default_local_dir: str) -> dict[int, str]:
+    """verl's checkpoint folders under ``default_local_dir``, by global step."""
+    if not os.path.isdir(default_local_dir):
+        return {}
+    found = (_STEP_FOLDER.fullmatch(name) for name in os.listdir(default_local_dir))
+    return {int(m.group(1)): os.path.join(default_local_dir, m.group(0)) for m in found if m}
+
+
+def prune_retired(default_local_dir: str, current_step: int, own: tuple[str, ...]) -> list[str]:
+    """tba-ext's files (``own``: names inside a step folder) removed from every step folder verl's
+    ``max_actor_ckpt_to_keep`` retired: those other than ``current_step``'s whose ``actor/`` verl deleted. Returns
+    what was removed."""
+    removed = []
+    for step, folder in step_folders(default_local_dir).items():
+        if step == current_step or os.path.isdir(os.path.join(folder, "actor")):
+            continue
+        for name in own:
+            path = os.path.join(folder, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
+            else:
+                continue
+            removed.append(path)
+    return removed
+
+
+def remove_stale_temp_files(default_local_dir: str, own: tuple[str, ...]) -> list[str]:
+    """The temporary files a kill mid-save left of tba-ext's files (``own``, and the files inside a folder of
+    ``own``): ``<name>.tmp-<pid>`` and ``.<name>.tmp``. Called at start, when no save is running."""
+    removed = []
+    for folder in step_folders(default_local_dir).values():
+        places = [folder, *(os.path.join(folder, name) for name in own if os.path.isdir(os.path.join(folder, name)))]
+        for place in places:
+            for name in os.listdir(place):
+                base = name.removeprefix(".").split(".tmp", 1)[0]
+                stale = ".tmp-" in name or name.endswith(".tmp")
+                if stale and (place != folder or base in own):
+                    os.remove(os.path.join(place, name))
+                    removed.append(os.path.join(place, name))
+    return removed
 
 
 def hf_model_dir(default_local_dir: str, global_step: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import importlib.util
 import math
@@ -198,6 +199,57 @@ def misspelled_additions(base: dict, overrides: list[str]) -> list[str]:
     return found
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@functools.cache
+def _source_names(package: str, only: tuple[str, ...] = ()) -> frozenset[str]:
+    """Every identifier and word in the Python source of an installed ``package`` (``only``: files whose relative
+    path starts with one of these), read as text: nothing is imported. A name absent from it is read by no code."""
+    spec = importlib.util.find_spec(package)
+    root = os.path.dirname(spec.origin) if spec and spec.origin else None
+    names: set[str] = set()
+    for folder, _, files in os.walk(root) if root else ():
+        for name in files:
+            path = os.path.join(folder, name)
+            if name.endswith(".py") and (not only or os.path.relpath(path, root).startswith(only)):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    names.update(_IDENTIFIER.findall(f.read()))
+    return frozenset(names)
+
+
+HANDED_ON = tuple(name for name in FREE_FORM if name != "override_config")  # keys no config class reads
+# where the code that reads a model's override_config lives: transformers' config classes
+_HF_CONFIG_SOURCES = ("configuration_utils.py", "modeling_utils.py", "models/")
+
+
+def unread_additions(base: dict, overrides: list[str], extra_sources: tuple[str, ...] = ()) -> list[str]:
+    """Keys an override adds with ``+`` / ``++`` that no code could read: a name that appears nowhere in verl's or
+    tba-ext's source (for ``override_config``, transformers' config classes; ``extra_sources``: the user's files the
+    config names, such as its reward function): a misspelled name added under trainer is one. ``tba:`` is checked by
+    ``tba_ext.core.settings``, and free-form nodes handing keyword arguments on are not checked."""
+    readers = _source_names("verl") | _source_names("tba_ext")
+    for path in extra_sources:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            readers |= set(_IDENTIFIER.findall(f.read()))
+    found = []
+    for line in overrides:
+        if not line.startswith("+") or "=" not in line:
+            continue
+        parts = line.lstrip("+").split("=", 1)[0].split(".")
+        node, depth = base, 0
+        while depth < len(parts) and isinstance(node, dict) and parts[depth] in node:
+            node, depth = node[parts[depth]], depth + 1
+        if depth == len(parts) or parts[0] == "tba" or any(p.endswith(HANDED_ON) for p in parts[:-1]):
+            continue
+        hf = "override_config" in parts[:-1]
+        names = readers | _source_names("transformers", _HF_CONFIG_SOURCES) if hf else readers
+        unknown = [p for p in parts[depth:] if p not in names]
+        if unknown:
+            found.append(f"{'.'.join(parts)} (no code reads {unknown[0]!r})")
+    return found
+
+
 def check_overrides_are_read(config_name: str, overrides: list[str]) -> None:
     """Refuse an override that nothing reads (``+actor_rollout_ref.rollout.gpu_memory_utilizaton=0.5``): one that
     adds a key to a node verl builds a dataclass from, which is not a field of it, or a misspelling of a key of a
@@ -207,7 +259,8 @@ def check_overrides_are_read(config_name: str, overrides: list[str]) -> None:
         return
     base_config = OmegaConf.to_container(compose(config_name, []), resolve=False)
     base = unread_keys(base_config)
-    added = unread_keys(OmegaConf.to_container(compose(config_name, overrides), resolve=False)) - base
+    composed = OmegaConf.to_container(compose(config_name, overrides), resolve=False)
+    added = unread_keys(composed) - base
     if added:
         raise ValueError(
             f"override(s) of {', '.join(sorted(added))}: no such key in verl's config (nothing would read it); "
@@ -217,6 +270,14 @@ def check_overrides_are_read(config_name: str, overrides: list[str]) -> None:
     if misspelled:
         raise ValueError(
             f"override(s) adding {', '.join(misspelled)}: no such key in verl's config (nothing would read it)"
+        )
+    reward = (composed.get("custom_reward_function") or {}).get("path")
+    sources = (reward,) if isinstance(reward, str) and os.path.isfile(reward) else ()
+    unread = unread_additions(base_config, overrides, sources)
+    if unread:
+        raise ValueError(
+            f"override(s) adding {', '.join(unread)}: a key no code of verl, transformers or tba-ext reads; check "
+            "the spelling (`python -m verl.trainer.main_ppo --cfg job` lists verl's keys)"
         )
 
 
