@@ -278,7 +278,7 @@ def corrupt_and_fall_back(run: str, ckpt: str, segments: list, args, faults: lis
         f.truncate(size // 2)
     probe = Segment(len(segments), run, ckpt, args.updates // LOCAL_UPDATES, args, pending=[])
     out, _ = probe.proc.communicate(timeout=900)
-    fault["refused"] = probe.proc.returncode != 0 and path in out and "corrupt or unreadable" in out
+    fault["refused"] = probe.proc.returncode != 0 and path in out and "is corrupt" in out
     segments.append(
         {"index": probe.index, "resumed_from_step": step, "probe": True, "exit_code": probe.proc.returncode}
     )
