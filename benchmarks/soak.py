@@ -349,11 +349,20 @@ def outcome(segments, faults, steps: int, ckpt: str, save_every: int) -> dict:
     runs = [s for s in segments if not s.get("probe")]
     logged = {s["index"]: read_metrics(s["metrics"]) if os.path.exists(s["metrics"]) else [] for s in runs}
     records = [r for s in runs for r in logged[s["index"]]]
-    lost = []  # per crash: read by the crashed segment, past the checkpoint the next one resumed from (from its last
-    # step's ledger/ids, the mean of the step's k samples: short of the truth by up to half a step's reads)
+    lost = []  # per crash: read by the crashed segment, past the checkpoint the next one resumed from and its journal
+    # (from its last step's ledger/ids, the mean of the step's k samples: short of the truth by up to half a step's
+    # reads)
     for seg, following in zip(runs, runs[1:]):
         read_by_crash = max((r["data"].get("ledger/ids", 0) for r in logged[seg["index"]]), default=0)
-        lost.append(max(read_by_crash - ledger_ids_at(ckpt, following["resumed_from_step"]), 0))
+        replayed = next(
+            (
+                r["data"]["replay/journal_replayed"]
+                for r in logged[following["index"]]
+                if "replay/journal_replayed" in r["data"]
+            ),
+            0,
+        )
+        lost.append(max(read_by_crash - ledger_ids_at(ckpt, following["resumed_from_step"]) - replayed, 0))
     expected = set(range(1, steps + 1))
     return {
         "updates_completed": len(set(history) & expected) * LOCAL_UPDATES,
@@ -366,9 +375,9 @@ def outcome(segments, faults, steps: int, ckpt: str, save_every: int) -> dict:
         "ledger_final": final_books(ckpt),
         "ledger_balanced_every_step": all(r["data"].get("ledger/unbalanced", 1.0) == 0.0 for r in records),
         "trajectories_lost_to_crashes": lost,
-        "loss_bound": f"trajectories read after the checkpoint a crash resumed from: at most {save_every} steps' "
-        f"reads ({2 * save_every} where the latest checkpoint was refused and the one before taken), and what "
-        "the searchers had finished but the trainer had not yet read",
+        "loss_bound": "what the searchers had finished but the trainer had not yet read; where the latest checkpoint "
+        f"was refused and the one before taken, also what was read after the refused one (at most {save_every} "
+        "steps' reads)",
         "store_trajectories_max": max((r["data"].get("replay/store_trajectories", 0) for r in records), default=0),
         "store_mb_max": max((r["data"].get("replay/store_mb", 0.0) for r in records), default=0.0),
     }

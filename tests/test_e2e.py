@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SAME_WEIGHTS_KL, SAME_WEIGHTS_LOGPROB, wait_for
+from conftest import SAME_WEIGHTS_KL, SAME_WEIGHTS_LOGPROB
 
 from tba_ext.adapters.reference import REFERENCE_DIR
 from tba_ext.core.replay import REPLAY_FILE
@@ -25,18 +25,17 @@ def series(records, key):
 
 def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run, tmp_path, margin, holds):
     """TB + replay in colocate_async, one run of 6 steps killed with SIGKILL twice: right after its step-2
-    checkpoint, then (resumed) while the rollout generates a batch after the step-4 checkpoint; each resumed run
-    continues the step count without double counting, restores the saved replay store and the moved reference,
-    and carries on the beta schedule. Two mini-batches per step: every count is in optimizer updates, two per
-    global step; the reference is reset every 4 updates (after steps 2, 4, 6, before their checkpoints)."""
+    checkpoint, then (resumed) once it has read step 5's trajectories into its journal, after the step-4 checkpoint;
+    each resumed run continues the step count without double counting, restores the saved replay store, the
+    journal's trajectories (none read is lost) and the moved reference, and carries on the beta schedule. Two
+    mini-batches per step: every count is in optimizer updates, two per global step; the reference is reset every
+    4 updates (after steps 2, 4, 6, before their checkpoints)."""
     import signal
 
+    from tba_ext.core.journal import JOURNAL_FILE, read_journal
     from tba_ext.core.replay import load_checked
     from tba_ext.core.tb import beta_at_step, first_update, wsd_lr_ratio
     from tba_ext.tools.processes import children, cmdline, session_pids
-
-    def steps_logged(path):
-        return read_metrics(path) if os.path.exists(path) else []
 
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace.jsonl"
     tracker = ckpt / "latest_checkpointed_iteration.txt"
@@ -60,8 +59,8 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
         "tba.lr_schedule.decay_updates=6",
     ]
 
-    def run_killed(name, point, ready=None, what=""):
-        """Start a run held at ``point``; once it is held there (and ``ready`` holds), kill -9 its verl driver."""
+    def run_killed(name, point):
+        """Start a run held at ``point``; once it is held there, kill -9 its verl driver."""
         metrics = tmp_path / f"{name}.jsonl"
         proc = subprocess.Popen(
             [
@@ -84,8 +83,6 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
         )
         try:
             holds.reached(point, proc)
-            if ready is not None:  # the rest of the program goes on up to where it needs the held part
-                wait_for(lambda: ready(metrics), 300, what, proc)
             drivers = [p for p in children(proc.pid) if "verl.trainer.main_ppo" in cmdline(p)]
             assert len(drivers) == 1, f"the launcher's verl driver, held at {point}: found {drivers}"
             os.kill(drivers[0], signal.SIGKILL)
@@ -106,24 +103,26 @@ def test_tba_replay_trains_on_stale_data_and_resumes_after_kill_9_twice(tiny_run
     assert int(tracker.read_text()) == 2
     bytes_2, n_saved_2 = saved_store(2)
 
-    # the rollout held as it begins a batch with the weights of step 4, the trainer gone on to save that step
-    second = run_killed(
-        "second",
-        "generate_begin@4",
-        ready=lambda metrics: len(steps_logged(metrics)) >= 2 and tracker.read_text().strip() == "4",
-        what="steps 3 and 4 logged and the step-4 checkpoint saved",
-    )
+    # the trainer held once step 5's trajectories are in the journal, read after its step-4 checkpoint
+    second = run_killed("second", "trajectories_journaled@5")
     assert [r["step"] for r in second][:2] == [3, 4]  # continues, no double counting
     assert series(second, "replay/restored_trajectories") == [n_saved_2]
     last = int(tracker.read_text())
     assert last == 4 and (ckpt / "global_step_2" / REPLAY_FILE).read_bytes() == bytes_2  # never rewritten
     bytes_4, n_saved_4 = saved_store(4)
+    journal, cut = read_journal(str(ckpt / "global_step_4" / JOURNAL_FILE))
+    journaled = sum(len(record["entries"]) for record in journal)
+    assert journaled > 0 and cut == 0  # step 5's read, durable before the kill
+    ids_4 = len(load_checked(str(ckpt / "global_step_4" / REPLAY_FILE))["sampler"]["store"]["ledger"]["place"])
 
     third_path = tmp_path / "third.jsonl"
     run_verl("cpu_tba", common, log_path=str(tmp_path / "third.log"), metrics_path=str(third_path))
     third = read_metrics(third_path)
     assert [r["step"] for r in third] == [5, 6]
     assert series(third, "replay/restored_trajectories") == [n_saved_4]
+    # what the killed run had read after its checkpoint comes back from the journal, with the ids it had
+    assert series(third, "replay/journal_replayed") == [journaled]
+    assert third[0]["data"]["ledger/ids"] >= ids_4 + journaled and third[0]["data"]["ledger/dropped/crash"] == 0
     assert (ckpt / "global_step_4" / REPLAY_FILE).read_bytes() == bytes_4
 
     both = first + [r for r in second if r["step"] <= last] + third

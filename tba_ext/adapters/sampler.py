@@ -45,12 +45,16 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.utils.transferqueue_utils import KVBatchMeta
 
 from tba_ext.adapters.rows import as_numpy, build_row, load_prompt, pop_searcher_reference, split_row
+from tba_ext.core.hold import hold_point
+from tba_ext.core.journal import Journal, read_journal
 from tba_ext.core.ledger import LedgerError, unbalanced
 from tba_ext.core.replay import (
     ReferenceLogProbs,
     ReplaySampler,
     Trajectory,
     TrajectoryStore,
+    journal_fields,
+    journaled_trajectory,
     load_checked,
     save_atomic,
     staleness_summary,
@@ -117,6 +121,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.group_size = 0
         self.largest_group = 0
         self.restored_trajectories: int | None = None  # reported once, at the first step after a resume
+        self.journal_replayed: int | None = None  # the same, for the trajectories the journal gave back
         self.unknown_version = 0
         self.updates_per_version = 1  # optimizer updates per verl global step (weight version)
         self.local_updates = 1  # samples per global step (k in separate_async), each followed by its updates
@@ -124,6 +129,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         self.initial_buffer_filled = False
         self.request_prompts = None  # the decoupled trainer's "generate n more prompts", for the initial buffer
         self.served: dict = {}  # the last training sample: key -> (trajectory, response mask), for the reference
+        self.journal: Journal | None = None  # what was read since the last checkpoint (set by the trainer)
         self._ledger_problem = None  # the last imbalance logged
 
     # -- ingestion -------------------------------------------------------------------------------------
@@ -139,7 +145,7 @@ class TBAReplaySampler(ReplayBufferAsync):
         sizes = defaultdict(int)
         prompts = set()
         before = self.store.stats.rejected_nonfinite
-        arrived = []
+        arrived, journaled = [], []
         for key, tag, row in zip(keys, tags, rows):
             sizes[prompt_uid(key)] += 1
             ledger_id = self.store.ledger.new_id()  # read from the searchers: from here on it is accounted for
@@ -147,6 +153,7 @@ class TBAReplaySampler(ReplayBufferAsync):
             if version is None:  # a searcher that served it had no weight version: staleness unknowable
                 self.unknown_version += 1
                 self.store.ledger.dropped(ledger_id, "unknown_version")
+                journaled.append([ledger_id, "unknown_version"])
                 continue
             version *= self.updates_per_version
             searcher_reference = pop_searcher_reference(row)
@@ -161,8 +168,11 @@ class TBAReplaySampler(ReplayBufferAsync):
             if searcher_reference is not None:  # the searchers' reference is the initial one: version 0
                 traj.reference = ReferenceLogProbs(searcher_reference, as_numpy(row["response_mask"]), version=0)
             arrived.append((traj, prompt_fields))
-        self.store.admit_batch(arrived)  # in content order, so the searchers' timing cannot change a batch
+            journaled.append([ledger_id, None, prompt_key, prompt_fields, *journal_fields(traj)])
         self.largest_group = max(self.largest_group, max(sizes.values()))
+        if self.journal is not None:  # durable before the store (and so any update) sees it
+            self.journal.append({"entries": journaled, "largest_group": self.largest_group}, len(journaled))
+        self.store.admit_batch(arrived)  # in content order, so the searchers' timing cannot change a batch
         self._check_nonfinite()
         return {
             "ingested": len(keys),
@@ -199,9 +209,12 @@ class TBAReplaySampler(ReplayBufferAsync):
             sampleable, evictions = self._wait_for_fresh(global_steps, partition_id, need, deadline)
             metrics.update(evictions)
             ingest_start = time.perf_counter()
-            for key, value in self._ingest_finished(partition_id, sampleable, batch_size, free_running).items():
+            read = self._ingest_finished(partition_id, sampleable, batch_size, free_running)
+            for key, value in read.items():
                 ingest[key] += value
             ingest_s += time.perf_counter() - ingest_start
+            if read["ingested"] and self.journal is not None:
+                hold_point("trajectories_journaled", global_steps)
             if not self.initial_buffer_filled and self.store.num_prompts >= min_buffer:
                 self.initial_buffer_filled = True
             if self.initial_buffer_filled:
@@ -406,6 +419,9 @@ class TBAReplaySampler(ReplayBufferAsync):
         if self.restored_trajectories is not None:
             metrics["replay/restored_trajectories"] = self.restored_trajectories
             self.restored_trajectories = None
+        if self.journal_replayed is not None:
+            metrics["replay/journal_replayed"] = self.journal_replayed
+            self.journal_replayed = None
         return metrics
 
     def _ledger_metrics(self) -> dict:
@@ -428,6 +444,44 @@ class TBAReplaySampler(ReplayBufferAsync):
             },
             path,
         )
+
+    def start_journal(self, path: str) -> None:
+        """Journal what is read from here on into ``path`` (emptied: the checkpoint just saved holds the rest)."""
+        if self.journal is not None:
+            self.journal.close()
+        open(path, "wb").close()
+        self.journal = Journal(path)
+
+    def replay_journal(self, path: str) -> None:
+        """Admit what the journal at ``path`` holds (read after its checkpoint, which was just restored) in the order
+        it was read, book a record a crash cut as ``dropped/crash``, and go on appending to it."""
+        records, cut = read_journal(path)
+        ledger, replayed = self.store.ledger, 0
+        for record in records:
+            arrived = []
+            for ledger_id, dropped, *fields in record["entries"]:
+                if ledger.new_id() != ledger_id:
+                    raise ValueError(
+                        f"{path} does not continue the ledger of the checkpoint beside it (id {ledger_id})"
+                    )
+                if dropped is not None:
+                    ledger.dropped(ledger_id, dropped)
+                    self.unknown_version += dropped == "unknown_version"
+                    continue
+                prompt_key, prompt_fields, *stored = fields
+                traj = journaled_trajectory(prompt_key, *stored)
+                traj.ledger_id = ledger_id
+                arrived.append((traj, prompt_fields))
+            self.store.admit_batch(arrived)
+            self.largest_group = max(self.largest_group, record["largest_group"])
+            replayed += len(record["entries"])
+        for _ in range(cut or 0):
+            ledger.dropped(ledger.new_id(), "crash")
+        self.journal = Journal(path)
+        self.journal_replayed = replayed
+        lost = "" if not cut else f"; {cut} in a record a crash cut, booked as dropped/crash"
+        lost = lost if cut is not None else "; a record a crash cut before its header was whole (its count is lost)"
+        print(f"tba-ext: replayed {replayed} trajectories read after the checkpoint from {path}{lost}", flush=True)
 
     def load_store(self, path: str) -> None:
         state = load_checked(path)

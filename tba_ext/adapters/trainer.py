@@ -39,12 +39,13 @@ from tba_ext.adapters.reference import REFERENCE_DIR, ReferenceMixin, data_paral
 from tba_ext.adapters.trainer_metrics import TrainerMetricsMixin
 from tba_ext.core import steps, tb, wire
 from tba_ext.core.hold import hold_point
+from tba_ext.core.journal import JOURNAL_FILE
 from tba_ext.core.replay import REPLAY_FILE
 from tba_ext.core.steps import scheduler_updates_per_call, step_folder, updates_per_step
 from tba_ext.tasks.data import check_chat_template
 
 logger = logging.getLogger(__name__)
-OWN_FILES = (REPLAY_FILE, REFERENCE_DIR)  # what tba-ext writes into verl's global_step_N folders
+OWN_FILES = (REPLAY_FILE, JOURNAL_FILE, REFERENCE_DIR)  # what tba-ext writes into verl's global_step_N folders
 
 
 def _first(value) -> float:
@@ -310,6 +311,9 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
             self.replay_buffer.save_store(os.path.join(folder, REPLAY_FILE))
         self._save_reference(folder)
         super()._save_checkpoint()
+        if hasattr(self.replay_buffer, "start_journal"):  # after verl's tracker names this checkpoint: a crash
+            # before it resumes from the previous one, whose journal holds every read until now
+            self.replay_buffer.start_journal(os.path.join(folder, JOURNAL_FILE))
         # verl's max_actor_ckpt_to_keep deletes the actor/ of the folders it retires; tba-ext's files there go too
         for path in steps.prune_retired(self.config.trainer.default_local_dir, self.global_steps, OWN_FILES):
             print(f"tba-ext: removed {path} (its checkpoint retired by trainer.max_actor_ckpt_to_keep)", flush=True)
@@ -350,8 +354,13 @@ class TBATrainerMixin(ReferenceMixin, TrainerMetricsMixin):
         if hasattr(self.replay_buffer, "load_store"):
             path = os.path.join(folder, REPLAY_FILE)
             if os.path.exists(path):
+                journal = os.path.join(folder, JOURNAL_FILE)
                 try:
                     self.replay_buffer.load_store(path)
+                    if os.path.exists(journal):
+                        self.replay_buffer.replay_journal(journal)
+                    else:  # a checkpoint written before any read after it
+                        self.replay_buffer.start_journal(journal)
                 except ValueError as exc:  # refused whole: nothing of it was loaded
                     raise ValueError(f"{exc}. {RESUME_REMEDY}") from exc
             else:

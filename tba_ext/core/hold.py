@@ -6,7 +6,8 @@ with ``step >= N`` for a listed ``point@N`` writes ``<folder>/point@N.reached`` 
 until ``<folder>/point@N.release`` exists; every later pass of that point goes on. The test reads the marker,
 injects its fault into a program that is known to be at that point (a kill -9, a stopped worker), and releases
 it or not. Unset, a hold point is one dictionary lookup. Points: ``step_begin`` and ``checkpoint_saved`` in the
-trainer (verl's global step), ``generate_begin`` in the hfcpu rollout (the weight version it serves).
+trainer (verl's global step), ``trajectories_journaled`` in the replay buffer (a read just made durable, at the
+step it is sampled for), ``generate_begin`` in the hfcpu rollout (the weight version it serves).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ DROP_REASONS = (
     "verl_stale",  # older than trainer.v1.sampler.max_off_policy_threshold
     "verl_filter_groups",  # DAPO's algorithm.filter_groups (no reward variance in the group)
     "verl_failed_group",  # a group some of whose samples failed
+    "crash",  # read, then lost with a trainer killed mid-append to the journal (tba_ext.core.journal)
 )
 PLACES = ("unaccounted", "stored", *(f"evicted/{r}" for r in EVICTION_RULES), *(f"dropped/{r}" for r in DROP_REASONS))
 _CODE = {name: code for code, name in enumerate(PLACES)}

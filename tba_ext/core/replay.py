@@ -162,6 +162,36 @@ class Trajectory:
         return len(self.blob) + ref + OVERHEAD_BYTES_PER_TRAJECTORY
 
 
+def _reference_fields(ref: ReferenceLogProbs | None) -> list | None:
+    return None if ref is None else [ref.half, ref.total, ref.last, ref.version]
+
+
+def _reference_from(fields) -> ReferenceLogProbs | None:
+    if fields is None:
+        return None
+    ref = ReferenceLogProbs.__new__(ReferenceLogProbs)
+    ref.half, ref.total, ref.last, ref.version = fields
+    return ref
+
+
+def journal_fields(traj: Trajectory) -> list:
+    """A trajectory as read from the searchers, before admission, for the journal (``journaled_trajectory``)."""
+    return [
+        traj.response,
+        traj.reward,
+        traj.version,
+        traj.rollout_logprobs,
+        traj.extras,
+        _reference_fields(traj.reference),
+    ]
+
+
+def journaled_trajectory(prompt_key, response, reward, version, logprobs, extras, reference) -> Trajectory:
+    traj = Trajectory(prompt_key, response, reward, version, logprobs, extras)
+    traj.reference = _reference_from(reference)
+    return traj
+
+
 def _age(t: Trajectory) -> tuple[int, int]:
     return t.version, t.order
 
@@ -439,12 +469,7 @@ class TrajectoryStore:
                 for t in trajectories
             ],
             "reference_version": self.reference_version,
-            "references": [
-                None
-                if t.reference is None
-                else (t.reference.half, t.reference.total, t.reference.last, t.reference.version)
-                for t in trajectories
-            ],
+            "references": [_reference_fields(t.reference) for t in trajectories],
             "ledger_ids": [t.ledger_id for t in trajectories],
             "ledger": self.ledger.state_dict(),
         }
@@ -475,9 +500,7 @@ class TrajectoryStore:
             traj = Trajectory(prompt_key, response, reward, version, logprobs, extras, draws=draws)
             traj.order = order
             traj.ledger_id = ledger_id
-            if ref is not None:
-                traj.reference = ReferenceLogProbs.__new__(ReferenceLogProbs)
-                traj.reference.half, traj.reference.total, traj.reference.last, traj.reference.version = ref
+            traj.reference = _reference_from(ref)
             entry = self._prompts[prompt_key]
             if self._identity(traj) in entry.by_digest:  # every eviction finds a trajectory by its identity
                 raise ValueError(f"the saved store holds two trajectories of prompt {prompt_key!r} as one")
