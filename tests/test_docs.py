@@ -98,8 +98,8 @@ COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\
 
 def test_the_readme_the_hand_written_docs_and_the_changelog_are_free_of_run_history():
     """Provenance (commits, dates, machines) is on the generated results page; the README, the hand-written pages
-    and the CHANGELOG name no commit, and the CHANGELOG gives each release one Added, one Changed and one Fixed
-    at most."""
+    and the CHANGELOG name no commit, and the CHANGELOG gives each release one Added, Changed, Fixed and Removed
+    at most (Keep a Changelog)."""
     for page in [*PAGES, ROOT / "CHANGELOG.md"]:
         if page != ROOT / "docs" / "results.md":
             assert not COMMIT_HASH.findall(page.read_text()), (page.name, COMMIT_HASH.findall(page.read_text()))
@@ -107,7 +107,7 @@ def test_the_readme_the_hand_written_docs_and_the_changelog_are_free_of_run_hist
     assert releases and releases[0].startswith("Unreleased")
     for release in releases:
         headings = re.findall(r"^### (.+)$", release, re.M)
-        assert len(headings) == len(set(headings)) and set(headings) <= {"Added", "Changed", "Fixed"}, (
+        assert len(headings) == len(set(headings)) and set(headings) <= {"Added", "Changed", "Fixed", "Removed"}, (
             release.splitlines()[0],
             headings,
         )
