@@ -65,6 +65,7 @@ REGIMES = {"short": ("arith", 8, False), "generation_bound": ("arith_worked", 64
 
 
 def extra_args(parser):
+    parser.add_argument("--replot", action="store_true", help="draw --out's CPU charts again from its JSON, no run")
     parser.add_argument("--regime", choices=sorted(REGIMES), default="short")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--searchers", type=int, nargs="*", default=[1, 2])
@@ -269,6 +270,11 @@ def spread(values):
 
 def main():
     args = parse_args("async_speedup", steps=12, extra=extra_args)
+    if args.replot:  # the CPU chart of each regime from the JSON (the timelines need a run's records)
+        with open(args.out) as f:
+            for regime, result in json.load(f)["regimes"].items():
+                cpu_by_role(result["configurations"], args.out.replace(".json", f"_{regime}_cpu.png"))
+        return
     meta = provenance()
     task, response_length, ignore_eos = REGIMES[args.regime]
     run = prepare_run(f"{args.run_dir}/{args.regime}", train_size=2000, size=args.size, task=task)
@@ -432,41 +438,64 @@ def write_regime(path: str, regime: str, result: dict) -> None:
         json.dump(doc, f, indent=2)
 
 
+def display_name(name: str) -> str:
+    """sync, decoupled_2, decoupled_1_paced -> what they are."""
+    if name == "sync":
+        return "sync (generate, then train)"
+    n, paced = name.split("_")[1], name.endswith("_paced")
+    return f"decoupled, {n} searcher{'s' if n != '1' else ''}" + (", paced" if paced else "")
+
+
 def timeline(runs, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    stages = [
-        ("timing_s/old_log_prob", "old log-probs", "tab:blue"),
-        ("timing_s/ref", "reference", "tab:cyan"),
-        ("timing_s/update_actor", "update", "tab:purple"),
+    parts = [
+        ("waiting for data", "tab:orange"),
+        ("old log-probs", "tab:blue"),
+        ("reference", "tab:cyan"),
+        ("update", "tab:purple"),
+        ("other", "tab:gray"),
+        ("weight sync", "tab:red"),
+        ("searchers busy", "tab:green"),
     ]
-    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.9 * len(runs)), squeeze=False)
+    colour = dict(parts)
+    stages = [
+        ("timing_s/old_log_prob", "old log-probs"),
+        ("timing_s/ref", "reference"),
+        ("timing_s/update_actor", "update"),
+    ]
+    # one shared time axis: the same work takes less wall-clock where generation overlaps training
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.7 * len(runs) + 1.0), squeeze=False, sharex=True)
     for ax, (name, r) in zip(axes[:, 0], runs.items()):
         t = 0.0
         for rec in r["records"][1:]:
             d = rec["data"]
             wait, step, sync = d["timing_s/gen"], d["timing_s/step"], d.get("tba/weight_sync_s", 0.0)
-            ax.barh(2, wait, left=t, color="tab:orange")
+            ax.barh(2, wait, left=t, color=colour["waiting for data"])
             left = t + wait
-            for key, _, color in stages:  # the trainer's own work, stage by stage (verl's timers)
-                ax.barh(2, d.get(key, 0.0), left=left, color=color)
+            for key, part in stages:  # the trainer's own work, stage by stage (verl's timers)
+                ax.barh(2, d.get(key, 0.0), left=left, color=colour[part])
                 left += d.get(key, 0.0)
-            ax.barh(2, max(t + step - sync - left, 0.0), left=left, color="tab:gray")
-            ax.barh(2, sync, left=t + step - sync, color="tab:red")
+            ax.barh(2, max(t + step - sync - left, 0.0), left=left, color=colour["other"])
+            ax.barh(2, sync, left=t + step - sync, color=colour["weight sync"])
             if "tba/searcher_idle_ratio" in d:  # measured between consecutive steps
-                ax.barh(1, step * (1.0 - d["tba/searcher_idle_ratio"]), left=t, color="tab:green")
+                ax.barh(1, step * (1.0 - d["tba/searcher_idle_ratio"]), left=t, color=colour["searchers busy"])
             t += step
-        ax.set_yticks([1, 2], ["searchers busy", "trainer"])
-        ax.set_title(name, fontsize=8)
-    fig.suptitle(
-        "trainer: waiting for data (orange), old log-probs (blue), reference (cyan), update (purple), "
-        "other (gray), weight sync (red); searchers busy (green)",
-        fontsize=8,
+        ax.set_yticks([1, 2], ["searchers", "trainer"])
+        ax.set_title(f"{display_name(name)}: {t:.0f} s for the measured updates", fontsize=9)
+    axes[0, 0].legend(
+        [Patch(color=c) for _, c in parts],
+        [p for p, _ in parts],
+        fontsize=7,
+        ncol=4,
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.25),
     )
-    axes[-1, 0].set_xlabel("seconds (measured steps)")
+    axes[-1, 0].set_xlabel("wall-clock seconds over the measured updates (the same work in every panel)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"timeline: {path}")
@@ -480,12 +509,12 @@ def cpu_by_role(configurations, path):
     import matplotlib.pyplot as plt
 
     roles = [role for role in ROLE_ORDER if any(role in s["cpu_s_per_update_by_role"] for s in configurations.values())]
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
     names = list(configurations)
     bottom = [0.0] * len(names)
     for i, role in enumerate(roles):
         values = [configurations[n]["cpu_s_per_update_by_role"].get(role, 0.0) for n in names]
-        ax.bar(names, values, bottom=bottom, label=role, color=plt.cm.tab10(i % 10))
+        ax.bar([display_name(n) for n in names], values, bottom=bottom, label=role, color=plt.cm.tab10(i % 10))
         bottom = [b + v for b, v in zip(bottom, values)]
     for x, name in enumerate(names):
         ax.text(
@@ -496,11 +525,12 @@ def cpu_by_role(configurations, path):
             va="bottom",
             fontsize=7,
         )
-    ax.set_ylabel("CPU s per trained update")
-    ax.set_title(
-        "where the CPU goes (medians of repeats); label: share of wall time the trainer workers waited for a core",
-        fontsize=8,
+    ax.set_ylabel("CPU seconds per trained update")
+    ax.set_xlabel(
+        "configuration (medians of repeats; above each bar: share of wall time trainer workers waited for a core)"
     )
+    ax.set_title("Where the CPU goes per trained update, by part of the run", fontsize=10)
+    ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

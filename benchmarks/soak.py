@@ -42,7 +42,7 @@ from tba_ext.core import hold
 from tba_ext.core.replay import REPLAY_FILE, saved_ledger
 from tba_ext.core.steps import step_folder
 from tba_ext.tools.processes import children, cmdline, session_pids
-from tba_ext.tools.report import read_metrics, write_json
+from tba_ext.tools.report import read_json, read_metrics, write_json
 
 KINDS = ("kill_searcher", "kill_trainer", "stall_searcher", "corrupt_store")
 LOCAL_UPDATES = 2  # cpu_tba_decoupled's k: optimizer updates per global step
@@ -75,6 +75,7 @@ def parse(argv=None):
     parser.add_argument("--run-dir", default="benchmarks/results/soak_run")
     parser.add_argument("--out", default="benchmarks/results/soak.json")
     parser.add_argument("--resummarise", action="store_true", help="read --out's run (in --run-dir) again, no run")
+    parser.add_argument("--replot", action="store_true", help="draw --out's plot again from its JSON, no run")
     return parser.parse_args(argv)
 
 
@@ -414,28 +415,51 @@ def memory_summary(timeline: list) -> dict:
     return out
 
 
-def plot(result: dict, path: str) -> None:
-    """Global step and memory against wall-clock, faults marked."""
-    import matplotlib.pyplot as plt
+FAULT_LABELS = {
+    "kill_searcher": "searcher killed (kill -9)",
+    "kill_trainer": "trainer killed (kill -9)",
+    "stall_searcher": "searcher stalled past the watchdog",
+    "corrupt_store": "replay store cut before a resume",
+}
 
-    timeline = result["timeline"]
+
+def plot(result: dict, path: str) -> None:
+    """Training progress and memory against wall-clock, one line per run segment, faults marked by kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    timeline, start = result["timeline"], result["started_at"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    t = [x["t"] / 60 for x in timeline]
-    top.plot(t, [x["step"] for x in timeline], ".", markersize=2, color="tab:blue")
-    start = result["started_at"]
+    # the samples of a segment until the next restart; a restarting run logs step 0 until it resumes: not drawn
+    segment, segments = [], [[]]
+    for x in timeline:
+        if segment and x["step"] < segment[-1]["step"]:
+            segments.append([])
+        segment = segments[-1]
+        if x["step"] > 0:
+            segment.append(x)
+    for points in segments:
+        top.plot([x["t"] / 60 for x in points], [x["step"] for x in points], color="tab:blue", linewidth=1.2)
     colours = dict(zip(KINDS, ("tab:orange", "tab:red", "tab:purple", "tab:brown")))
     for fault in result["faults"]:
         for ax in (top, bottom):
-            ax.axvline((fault["time"] - start) / 60, color=colours[fault["kind"]], alpha=0.6, linewidth=1)
-        top.text((fault["time"] - start) / 60, 0, fault["kind"], rotation=90, fontsize=6, va="bottom")
-    top.set_ylabel("global step (2 updates)")
-    bottom.plot(t, [x["session_rss_mb"] for x in timeline], label="run's processes (RSS)")
-    bottom.plot(t, [x["largest_worker_rss_mb"] for x in timeline], label="largest trainer-side worker")
-    bottom.set_ylabel("MB")
-    bottom.set_xlabel("wall-clock (min)")
+            ax.axvline((fault["time"] - start) / 60, color=colours[fault["kind"]], alpha=0.7, linewidth=1)
+    kinds = [k for k in KINDS if any(f["kind"] == k for f in result["faults"])]
+    top.legend([Line2D([], [], color=colours[k]) for k in kinds], [FAULT_LABELS.get(k, k) for k in kinds], fontsize=7)
+    top.set_ylabel(f"global step reached ({LOCAL_UPDATES} updates each)")
+    t = [x["t"] / 60 for x in timeline]
+    bottom.plot(t, [x["session_rss_mb"] for x in timeline], label="all of the run's processes (RSS)")
+    bottom.plot(t, [x["largest_worker_rss_mb"] for x in timeline], label="largest trainer-side worker (RSS)")
+    bottom.set_ylabel("memory (MB)")
+    bottom.set_xlabel("wall-clock since start (min)")
     bottom.legend(fontsize=7)
     top.set_title(
-        f"soak: {result['updates_completed']}/{result['planned_updates']} updates, {len(result['faults'])} faults"
+        f"{result['updates_completed']} of {result['planned_updates']} updates; {result['faults_survived']} of "
+        f"{len(result['faults'])} faults (vertical lines) survived, each run segment resuming where one was saved",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -444,6 +468,10 @@ def plot(result: dict, path: str) -> None:
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    if args.replot:
+        result = read_json(args.out)
+        plot(result, args.out.replace(".json", ".png"))
+        return result
     if args.resummarise:
         result = resummarise(args.out, os.path.abspath(args.run_dir), args.save_every)
     else:

@@ -48,6 +48,7 @@ CONFIGS = {
 
 
 def extra_args(parser):
+    parser.add_argument("--replot", action="store_true", help="draw --out's plot again from its JSON, no run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--size", default="small")
     parser.add_argument(
@@ -103,6 +104,9 @@ def spread(values):
 
 def main():
     args = parse_args("trainer_passes", steps=21, extra=extra_args)
+    if args.replot:
+        plot(report.read_json(args.out)["configurations"], args.out.replace(".json", ".png"))
+        return
     run_dir = prepare_run(args.run_dir, train_size=512, size=args.size)
     meta = provenance()
     names = list(args.configs)
@@ -214,22 +218,44 @@ def main():
     print(f"wrote {args.out}")
 
 
+# display names of the configurations and of verl's timer stages
+CONFIG_LABELS = {
+    "tb_fused_searcher_ref": "TB fused, reference from the searchers",
+    "tb_pg_fused_searcher_ref": "TBA′ fused, reference from the searchers",
+    "tb_fused": "TB fused, trainer reference",
+    "tb_fused_ref_call": "TB fused, reference in its own call",
+    "tb_fused_ema_ref": "TB fused, EMA reference every update",
+    "tb_three_call": "TB, three calls",
+    "tb_pg_fused": "TBA′ fused, trainer reference",
+    "tb_pg_fused_ref_call": "TBA′ fused, reference in its own call",
+    "tb_pg_three_call": "TBA′, three calls",
+    "drgrpo": "Dr. GRPO",
+}
+STAGE_LABELS = {
+    "old_log_prob": "old log-prob pass",
+    "ref": "reference forward",
+    "adv": "advantage",
+    "update_actor": "actor update (forward + backward)",
+}
+
+
 def plot(summary, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4))
     names = list(summary)
-    bottom = [0.0] * len(names)
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(names) + 1.6))
+    left = [0.0] * len(names)
     for stage in STAGES:
         values = [summary[n]["stage_s"][stage] for n in names]
-        ax.bar(names, values, bottom=bottom, label=stage)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("trainer s per update (median stages)")
-    ax.tick_params(axis="x", labelrotation=20, labelsize=7)
-    ax.legend(fontsize=8)
+        ax.barh([CONFIG_LABELS.get(n, n) for n in names], values, left=left, label=STAGE_LABELS[stage])
+        left = [a + v for a, v in zip(left, values)]
+    ax.invert_yaxis()
+    ax.set_xlabel("trainer seconds per optimizer update (median over repeats, by stage)")
+    ax.set_title("Where the trainer's time per update goes: shorter bars cost less", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")

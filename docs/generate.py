@@ -128,31 +128,39 @@ def cli_reference() -> str:
 COMPARE_CAPTION = (
     "Held-out greedy accuracy minus the warm start's against optimizer updates (one panel per method and a line per "
     "staleness s; for the stress study one panel per staleness, mixed included, and a line per method): mean over "
-    "seeds with a 95 % band."
+    "seeds with a 95 % band. In a grid, a method that learns from stale data keeps its s > 0 lines near its s = 0 line."
 )
 
 
 def figure(source: str, caption: str) -> str:
-    """``benchmarks/results/<source>`` embedded as ``img/<source>`` with a one-line caption, or nothing where
-    neither the copy in docs/img nor the benchmark's own file exists."""
+    """``benchmarks/results/<source>`` embedded as ``img/<source>`` with a one-line caption (its first sentence is
+    the image's alt text), or nothing where neither the copy in docs/img nor the benchmark's own file exists."""
     if not (IMG / source).exists() and not (RESULTS / source).exists():
         return ""
-    return f"\n![{Path(source).stem}](img/{source})\n\n*{caption}*\n"
+    alt = caption.split(". ")[0].split(" (")[0].rstrip(".").replace("[", "").replace("]", "")
+    return f"\n![{alt}](img/{source})\n\n*{caption}*\n"
 
 
 def plots_of(stem: str) -> str:
     """The plots a results section shows (its renderer may place more of its own)."""
-    stages = "Trainer seconds per update by stage (medians), one bar per configuration."
+    stages = (
+        "Trainer seconds per optimizer update by stage (medians over repeats), one bar per configuration. Compare the "
+        "bar lengths: the fused TB and TBA′ updates skip the old log-prob pass that Dr. GRPO pays for."
+    )
     spread_plot = (
         "Held-out greedy (left) and sampled (right) accuracy after the warm start and after training, one line per "
-        "seed and repeat."
+        "fresh run. Every line rises on both panels: the gain is larger than the spread of where runs end."
     )
     captions = {
         "trainer_passes": stages,
         "trainer_passes_trainer_ref": stages,
         "trainer_passes_searcher_ref": stages,
         "quickstart_spread": spread_plot,
-        "soak": "Global step (top) and the run's memory (bottom) against wall-clock, each fault marked.",
+        "soak": (
+            "Global step reached (top) and the run's memory (bottom) against wall-clock, faults as vertical lines "
+            "coloured by kind. After each fault the line picks up from the last checkpoint and goes on to the "
+            "planned step; the bottom panel shows whether memory grows over the run."
+        ),
     }
     if stem.startswith("compare_"):
         return figure(f"{stem}/accuracy_vs_updates.png", COMPARE_CAPTION) + figure(
@@ -269,12 +277,14 @@ def async_speedup(doc: dict) -> str:
         )
         plots = figure(
             f"async_speedup_{regime}.png",
-            f"{regime}: each configuration's measured steps; the trainer waiting for data (orange), updating "
-            "(purple), syncing weights (red), and when the searchers are busy (green).",
+            f"{regime.replace('_', '-')} regime: each configuration's measured updates on one time axis, the trainer's "
+            "stages and when the searchers are busy. The decoupled rows finish the same work sooner where the "
+            "trainer waits less for data (orange).",
         ) + figure(
             f"async_speedup_{regime}_cpu.png",
-            f"{regime}: CPU seconds per trained update by role (medians of repeats), each bar labelled with the "
-            "share of the wall the trainer workers waited for a core.",
+            f"{regime.replace('_', '-')} regime: CPU seconds per trained update by part of the run (medians of "
+            "repeats), each bar labelled with the share of the wall the trainer workers waited for a core. Taller "
+            "bars spend more CPU on the same trained work.",
         )
         if plots:
             out.append(plots.lstrip("\n"))
