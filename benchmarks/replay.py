@@ -1,12 +1,13 @@
 """Replay store benchmark (in process): sampling latency and insert rate at 1e4..1e6 trajectories, and the
 bytes the store really keeps per trajectory at realistic lengths, with verl-shaped rows.
 
-    python benchmarks/replay.py [--sizes 10000 100000 1000000] [--out benchmarks/results/replay.json]
+    python benchmarks/replay.py [--sizes 10000 100000 1000000] [--ledger-ids 10000000]
+                                [--out benchmarks/results/replay.json]
 
 Goals (issue 13): sampling 256 groups of K = 16 from 1e6 trajectories < 10 ms, measured right after an
 insert (every training step inserts, so that is the figure a step pays); insert >= 100k trajectories/s;
 bytes stored per trajectory, with its reference log-probs kept, <= 2.0x its raw token bytes ((prompt +
-response tokens) x 4 bytes, int32).
+response tokens) x 4 bytes, int32); the ledger's books per step < 1 ms at 10 M trajectories read.
 
 - speed pass: short responses (16 tokens) so that 1e6 trajectories fit in RAM; what is timed does not
   depend on their length (the dedup hash aside, included in the insert rate).
@@ -152,8 +153,50 @@ def footprint(n: int, prompt_len: int, response_len: int, rng) -> dict:
     }
 
 
+def ledger_cost(ids: int, uses_per_id: int = 2, batch: int = 512) -> dict:
+    """The trajectory ledger after ``ids`` trajectories, each stored, trained on ``uses_per_id`` times and evicted
+    (the store keeps few of them): the per-sample cost of its books (``counts``, every step), the bytes it adds to
+    each checkpoint, and one trajectory's history (``updates_of``, the ``tba-ext ledger --id`` lookup)."""
+    from tba_ext.core.ledger import TrajectoryLedger
+    from tba_ext.core.sealed import pack
+
+    ledger, update, start = TrajectoryLedger(), 0, time.perf_counter()
+    for first in range(0, ids, batch):
+        block = [ledger.new_id() for _ in range(min(batch, ids - first))]
+        for i in block:
+            ledger.stored(i)
+        for _ in range(uses_per_id):
+            update += 1
+            ledger.trained(block, update)
+        for i in block:
+            ledger.evicted(i, "capacity")
+    built_s = time.perf_counter() - start
+    counts_ms = []
+    for _ in range(20):
+        t = time.perf_counter()
+        ledger.counts()
+        counts_ms.append(1e3 * (time.perf_counter() - t))
+    t = time.perf_counter()
+    saved = len(pack(ledger.state_dict()))
+    save_s = time.perf_counter() - t
+    t = time.perf_counter()
+    ledger.updates_of(ids // 2)
+    lookup_s = time.perf_counter() - t
+    return {
+        "ids": ids,
+        "uses_per_id": uses_per_id,
+        "counts_ms_median": float(np.median(counts_ms)),
+        "saved_bytes": saved,
+        "saved_bytes_per_id": saved / ids,
+        "pack_s": save_s,
+        "updates_of_s": lookup_s,
+        "build_s": built_s,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--ledger-ids", type=int, default=10_000_000, help="trajectories in the ledger pass")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--footprint-trajectories", type=int, default=20_000)
@@ -178,6 +221,12 @@ def main():
         f"{fp['raw_bytes_per_trajectory']:,.0f} B raw tokens = {fp['bytes_ratio']:.3f}x; checkpoint "
         f"{fp['checkpoint_ratio']:.3f}x raw ({fp['checkpoint_bytes'] / 2**20:.1f} MB for {fp['trajectories']:,d})"
     )
+    ledger = ledger_cost(args.ledger_ids)
+    print(
+        f"ledger at {ledger['ids']:,d} ids ({ledger['uses_per_id']} uses each): counts "
+        f"{ledger['counts_ms_median']:.4f} ms per step, {ledger['saved_bytes'] / 2**20:.1f} MB in each checkpoint, "
+        f"one id's history {ledger['updates_of_s']:.3f} s"
+    )
     largest = max(rows, key=lambda r: r["trajectories"])
     summary = {
         "sample_ms_1e6": largest["sample_ms_after_insert"],
@@ -185,7 +234,8 @@ def main():
         "bytes_ratio": fp["bytes_ratio"],
         "sampled_from": largest["trajectories"],
     }
-    goals = {"sample_ms_1e6": 10.0, "insert_per_s_1e6": 100_000, "bytes_ratio": 2.0}
+    summary["ledger_counts_ms"] = ledger["counts_ms_median"]
+    goals = {"sample_ms_1e6": 10.0, "insert_per_s_1e6": 100_000, "bytes_ratio": 2.0, "ledger_counts_ms": 1.0}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(
@@ -198,6 +248,7 @@ def main():
                 "per_prompt": PER_PROMPT,
                 "speed": rows,
                 "footprint": fp,
+                "ledger": ledger,
             },
             f,
             indent=2,
