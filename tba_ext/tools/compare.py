@@ -239,7 +239,7 @@ def staleness_cost(results: list[dict], baseline: str = "drgrpo") -> dict:
     return _paired_cells(diffs, refused)
 
 
-def _band_plot(curves: dict, path: str, x: str) -> None:
+def _band_plot(curves: dict, path: str, x: str, mix=STALENESS_MIX) -> None:
     """Held-out greedy accuracy gain over each seed's warm start vs updates (or wall-clock), mean over seeds with a
     95 % band: one panel per method and one line per staleness, or, for a single staleness (the stress study), one
     panel with one line per method. Gains, not accuracies: the seeds' warm starts differ by more than the methods
@@ -254,7 +254,7 @@ def _band_plot(curves: dict, path: str, x: str) -> None:
     levels = sorted({s for by_s in by_method.values() for s in by_s}, key=level_order)
     if len(levels) == 1 or MIXED in levels:  # a panel per staleness, a line per method (the stress study)
         panels = {
-            f"s = {s}" if s != MIXED else f"mixed s in {{{', '.join(map(str, STALENESS_MIX))}}}": [
+            f"s = {s}" if s != MIXED else f"mixed s in {{{', '.join(map(str, mix))}}}": [
                 (label(m), by_method[m][s]) for m in methods if s in by_method[m]
             ]
             for s in levels
@@ -355,7 +355,7 @@ def train_one(
     run_verl(
         METHODS[method].config,
         training_overrides(seed_dir, p, seed, steps, eval_every)
-        + method_overrides(method, s, p.recency_prob, p.batch)
+        + method_overrides(method, s, p.recency_prob, p.batch, p.staleness_mix)
         + [
             f"trainer.save_freq={steps}",
             f"trainer.default_local_dir={ckpt}",
@@ -467,8 +467,9 @@ def analyse(payload: dict) -> dict:
 def write_results(run_dir: str, payload: dict, results_path: str | None) -> dict:
     """Statistics (``analyse``), JSON, band plots (vs updates and vs wall-clock) and report.md of a compare run."""
     payload = analyse(payload)
-    _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_updates.png", "step")
-    _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_time.png", "time")
+    mix = payload["recipe"].get("staleness_mix", STALENESS_MIX)
+    _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_updates.png", "step", mix)
+    _band_plot(payload["curves"], f"{run_dir}/accuracy_vs_time.png", "time", mix)
     report.write_json(payload, f"{run_dir}/compare.json")
     if results_path:
         report.write_json(payload, results_path)

@@ -29,6 +29,8 @@ class Recipe:
     group_size: int  # K responses per prompt
     recency_prob: float  # m
     staleness: int  # generation this many batches ahead (0: verl's sync trainer)
+    # the levels a ``mix`` batch holds (tba-prime's report's); the initial buffer is (1 + their mean) batches
+    staleness_mix: tuple[int, ...] = (1, 4, 10, 32)
 
 
 FULL = Recipe(
@@ -65,6 +67,7 @@ SHORT = Recipe(
     group_size=4,
     recency_prob=0.95,
     staleness=1,
+    staleness_mix=(1, 2),  # the mixed path in 4 updates, after an initial buffer of 2.5 batches, not 12.75
 )
 # the tasks ``tba-ext compare --task`` runs: the same model and RL settings. Countdown's warm start is longer: after
 # 300 steps (greedy 0.10-0.125 held-out, sampled 0.07-0.08) a seed-0 TBA′ run at s = 10 stayed flat for 60 updates;
@@ -140,9 +143,9 @@ def label(method: str) -> str:
     return METHODS[method].label if method in METHODS else method
 
 
-# the mixed-staleness level (tba-prime's report): each batch mixes groups of these staleness levels
+# the mixed-staleness level: each batch mixes groups of the recipe's staleness_mix levels
 MIXED = "mix"
-STALENESS_MIX = (1, 4, 10, 32)
+STALENESS_MIX = FULL.staleness_mix
 
 
 def staleness_level(value: str | int) -> int | str:
@@ -163,21 +166,23 @@ def level_order(level) -> tuple[int, int]:
     return (1, 0) if level == MIXED else (0, int(level))
 
 
-def method_overrides(method: str, staleness: int | str, recency_prob: float, batch: int | None = None) -> list[str]:
+def method_overrides(
+    method: str, staleness: int | str, recency_prob: float, batch: int | None = None, mix=STALENESS_MIX
+) -> list[str]:
     """Hydra overrides putting ``method`` at staleness s, which bounds every source of off-policy data:
     s = 0 is on-policy (verl's sync trainer; TB and TBA' draw only fresh groups: m = 1, max_staleness = 0);
     s > 0 is verl's colocate_async with generation s batches ahead, and TB and TBA' replay with m, never
     anything staler than s. ``mix`` (needs ``batch``, the prompts per update): every method, Dr. GRPO included,
-    trains from tba-ext's store, each batch mixing groups of staleness STALENESS_MIX and each group served once,
+    trains from tba-ext's store, each batch mixing groups of staleness ``mix`` and each group served once,
     so every objective sees data of the same staleness. Each update waits for a batch of fresh groups; the first
-    waits for an initial buffer of (1 + mean(STALENESS_MIX)) batches, what the store holds before each draw in
+    waits for an initial buffer of (1 + mean(mix)) batches, what the store holds before each draw in
     steady state (a batch enters per update and a group stays until the level that serves it), and the levels
-    are exact from update max(STALENESS_MIX) on (tests/test_replay.py)."""
+    are exact from update max(mix) on (tests/test_replay.py)."""
     m = METHODS[method]
     if staleness == MIXED:
         if batch is None:
             raise ValueError("the mixed staleness level needs the batch size (prompts per update)")
-        buffer_groups = math.ceil((1 + sum(STALENESS_MIX) / len(STALENESS_MIX)) * batch)
+        buffer_groups = math.ceil((1 + sum(mix) / len(mix)) * batch)
         kwargs = f"++{SAMPLER_KWARGS}"  # set or add: the shipped configs name some of these keys
         return [
             f"trainer.v1.trainer_mode={m.trainer_prefix}colocate_async",
@@ -185,8 +190,8 @@ def method_overrides(method: str, staleness: int | str, recency_prob: float, bat
             *m.overrides,
             f"trainer.v1.colocate_async.num_warmup_batches={math.ceil(buffer_groups / batch)}",
             *([] if m.config == "cpu_tba" else REPLAY_SAMPLER),
-            f"{kwargs}staleness_mix=[{','.join(map(str, STALENESS_MIX))}]",
-            f"{kwargs}max_staleness={max(STALENESS_MIX)}",
+            f"{kwargs}staleness_mix=[{','.join(map(str, mix))}]",
+            f"{kwargs}max_staleness={max(mix)}",
             f"{kwargs}min_fresh_groups={batch}",
             f"{kwargs}min_buffer_groups={buffer_groups}",
         ]
