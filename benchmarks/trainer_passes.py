@@ -246,7 +246,7 @@ def plot(summary, path):
     import matplotlib.pyplot as plt
 
     names = list(summary)
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(names) + 1.6))
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(names) + 2.2))
     left = [0.0] * len(names)
     for stage in STAGES:
         values = [summary[n]["stage_s"][stage] for n in names]
@@ -255,7 +255,7 @@ def plot(summary, path):
     ax.invert_yaxis()
     ax.set_xlabel("trainer seconds per optimizer update (median over repeats, by stage)")
     ax.set_title("Where the trainer's time per update goes: shorter bars cost less", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.4, -0.2), ncol=4, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
