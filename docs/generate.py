@@ -499,7 +499,35 @@ def blocks() -> dict[str, str]:
             if study.startswith("compare_")  # each compare study's results section has its block on the compare page
         },
         "soak": lambda: soak_block(load_results().get("soak.json")),
+        "primary_claim": primary_claim,
     }
+
+
+PRIMARY = (
+    "TBA′ minus Dr. GRPO with verl's token-level IS, both at staleness s = 8 on arith20 (held-out greedy gain, paired "
+    "by seed)"
+)
+
+
+def primary_claim() -> str:
+    """The one sentence on the science the README and the guide give: the primary comparison's result, "no
+    difference" included, from benchmarks/results/compare_primary.json."""
+    doc = load_results().get("compare_primary.json")
+    if doc is None:
+        run = "`python benchmarks/evidence.py --only primary`"
+        return f"The primary comparison, {PRIMARY}, has not been run yet ({run}).\n"
+    cell = analyse(doc)["paired_vs_drgrpo_tis"]["tb_pg"]["8"]
+    if cell.get("refused"):
+        return f"The primary comparison, {PRIMARY}, is not paired: {cell['refused']}.\n"
+    mean, half, n = cell["mean"], cell["ci95"], cell["n_seeds"]
+    if not cell["excludes_zero"]:
+        verdict = "no difference at the 0.05 level (the interval includes 0)"
+    else:
+        verdict = f"{'TBA′' if mean > 0 else 'Dr. GRPO token-IS'} gains more (the interval excludes 0)"
+    return (
+        f"The primary comparison, {PRIMARY}, over {n} seeds: {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] "
+        f"(95 % paired t-interval, p = {cell['p_value']:.3f}): {verdict}.\n"
+    )
 
 
 def study_block(stem: str) -> str:
@@ -523,7 +551,7 @@ def rendered() -> dict[Path, str]:
     """Every generated page's text as it should be."""
     makers = blocks()
     pages = {}
-    for page in sorted(DOCS.glob("*.md")):
+    for page in [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]:
         text = page.read_text()
 
         def fill(m, page=page):
