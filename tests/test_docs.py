@@ -5,6 +5,7 @@ the README, the hand-written pages and the CHANGELOG carry no run history (no co
 per release)."""
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -155,12 +156,13 @@ def test_the_readme_the_hand_written_docs_and_the_changelog_narrate_no_history()
 
 
 def switch_blocks(page: Path = ROOT / "README.md") -> list[list[str]]:
-    """The overrides of each `python -m verl.trainer.main_ppo ... \\` block in a page (the README by default)."""
+    """The overrides of each `python -m verl.trainer.main_ppo [...] \\` block in a page (the README by default),
+    with the shell's variables expanded as bash would (``$HOME``)."""
     blocks = []
     for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
-        if "verl.trainer.main_ppo ..." in block:
-            text = block.split("verl.trainer.main_ppo ...", 1)[1].replace("\\\n", " ")
-            blocks.append([word for word in shlex.split(text, comments=True)])
+        if "python -m verl.trainer.main_ppo" in block and "--config" not in block:
+            text = block.split("verl.trainer.main_ppo", 1)[1].replace("\\\n", " ").removeprefix(" ...")
+            blocks.append([os.path.expandvars(word) for word in shlex.split(text, comments=True)])
     return blocks
 
 
@@ -238,7 +240,8 @@ def test_the_guide_tables_have_one_line_cells_and_its_config_table_holds_every_k
     assert not long_cells, long_cells
     (block,) = switch_blocks(GUIDE)
     listed = " ".join(row[0] for row in config[0][2:])
-    names = {o.split("=", 1)[0].lstrip("+") for o in block}
+    switch = block[next(i for i, o in enumerate(block) if o.startswith("trainer.v1.trainer_mode=")) :]
+    names = {o.split("=", 1)[0].lstrip("+") for o in switch}  # the TBA keys; the GRPO run's own come before
     short = {n.replace("trainer.v1.sampler.sampler_kwargs.", "sampler_kwargs.") for n in names}
     missing = [n for n in short if f"`{n}`" not in listed and f"`{n.split('.', 1)[1]}`" not in listed]
     assert not missing, missing
