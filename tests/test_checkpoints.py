@@ -83,7 +83,7 @@ def test_tba_files_leave_the_step_folders_verls_retention_retired_and_stale_temp
     for step in (2, 4, 6):
         folder = step_folder(str(tmp_path), step)
         os.makedirs(os.path.join(folder, "tba_reference"))
-        for name in ("tba_replay.pt", "tba_reference/rank_0.pt", "data.pt"):
+        for name in ("tba_replay.pt", "tba_journal.bin", "tba_reference/rank_0.pt", "data.pt"):
             open(os.path.join(folder, name), "w").close()
         if step != 2:  # verl's max_actor_ckpt_to_keep=2 removed global_step_2/actor, the others keep theirs
             os.makedirs(os.path.join(folder, "actor"))
