@@ -293,7 +293,16 @@ def async_speedup(doc: dict) -> str:
 
 def replay(doc: dict) -> str:
     keys = {"sample_ms_1e6": "<", "bytes_ratio": "<="}
-    return goal_line(doc, keys) + f"; insert at 1e6: {doc['insert_per_s_1e6']:,.0f} trajectories/s.\n"
+    out = goal_line(doc, keys) + f"; insert at 1e6: {doc['insert_per_s_1e6']:,.0f} trajectories/s.\n"
+    if "ledger" in doc:  # the trajectory ledger's books after a long run
+        led = doc["ledger"]
+        out += (
+            f"\nLedger after {led['ids']:,d} trajectories read ({led['uses_per_id']} uses each): its books "
+            f"{led['counts_ms_median']:.4f} ms per step (goal < 1), {led['saved_bytes'] / 2**20:.0f} MB in each "
+            f"checkpoint ({led['saved_bytes_per_id']:.1f} B per trajectory read), one trajectory's history "
+            f"{led['updates_of_s']:.2f} s.\n"
+        )
+    return out
 
 
 def quickstart_spread(doc: dict) -> str:
