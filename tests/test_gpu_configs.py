@@ -223,3 +223,13 @@ def test_rhomath_prompts_start_with_one_bos_as_its_sft_model_was_trained(tmp_pat
             }
         )
         assert len(RLHFDataset([str(path)], tokenizer, data_config)) == kept
+
+
+def test_a_config_group_chosen_with_plus_is_not_taken_for_an_unread_key():
+    """``+cpu_rollout=vllm`` picks a config group (hydra merges it): no key of that name is added, so nothing to
+    refuse."""
+    from tba_ext.tools.config import check_overrides_are_read
+
+    check_overrides_are_read("cpu_tba", ["+cpu_rollout=vllm"])
+    with pytest.raises(ValueError, match="no code reads 'fooo'"):
+        check_overrides_are_read("cpu_tba", ["+cpu_rollout=vllm", "+trainer.fooo=1"])

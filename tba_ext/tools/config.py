@@ -223,7 +223,17 @@ HANDED_ON = tuple(name for name in FREE_FORM if name != "override_config")  # ke
 _HF_CONFIG_SOURCES = ("configuration_utils.py", "modeling_utils.py", "models/")
 
 
-def unread_additions(base: dict, overrides: list[str], extra_sources: tuple[str, ...] = ()) -> list[str]:
+def _holds(node, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def unread_additions(
+    base: dict, overrides: list[str], extra_sources: tuple[str, ...] = (), composed: dict | None = None
+) -> list[str]:
     """Keys an override adds with ``+`` / ``++`` that no code could read: a name that appears nowhere in verl's or
     tba-ext's source (for ``override_config``, transformers' config classes; ``extra_sources``: the user's files the
     config names, such as its reward function): a misspelled name added under trainer is one. ``tba:`` is checked by
@@ -241,6 +251,8 @@ def unread_additions(base: dict, overrides: list[str], extra_sources: tuple[str,
         while depth < len(parts) and isinstance(node, dict) and parts[depth] in node:
             node, depth = node[parts[depth]], depth + 1
         if depth == len(parts) or parts[0] == "tba" or any(p.endswith(HANDED_ON) for p in parts[:-1]):
+            continue
+        if composed is not None and not _holds(composed, parts):  # a config group chosen (+cpu_rollout=vllm)
             continue
         hf = "override_config" in parts[:-1]
         names = readers | _source_names("transformers", _HF_CONFIG_SOURCES) if hf else readers
@@ -273,7 +285,7 @@ def check_overrides_are_read(config_name: str, overrides: list[str]) -> None:
         )
     reward = (composed.get("custom_reward_function") or {}).get("path")
     sources = (reward,) if isinstance(reward, str) and os.path.isfile(reward) else ()
-    unread = unread_additions(base_config, overrides, sources)
+    unread = unread_additions(base_config, overrides, sources, composed)
     if unread:
         raise ValueError(
             f"override(s) adding {', '.join(unread)}: a key no code of verl, transformers or tba-ext reads; check "
