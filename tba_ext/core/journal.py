@@ -11,18 +11,13 @@ refused, naming the file.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 
-from tba_ext.core.sealed import DIGEST_BYTES, SealedFileError, pack, unpack
+from tba_ext.core.sealed import DIGEST_BYTES, SealedFileError, digest, pack, unpack
 
 JOURNAL_FILE = "tba_journal.bin"
 _HEAD = struct.Struct(f"<QQ{DIGEST_BYTES}s")  # body bytes, trajectories, digest of the body
-
-
-def _digest(body: bytes) -> bytes:
-    return hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest()
 
 
 class Journal:
@@ -35,7 +30,7 @@ class Journal:
     def append(self, record: dict, trajectories: int) -> None:
         """One read's ``record`` (msgpack-able), durable once this returns: written, flushed and fsynced."""
         body = pack(record)
-        self._file.write(_HEAD.pack(len(body), trajectories, _digest(body)) + body)
+        self._file.write(_HEAD.pack(len(body), trajectories, digest(body)) + body)
         self._file.flush()
         os.fsync(self._file.fileno())
 
@@ -51,14 +46,14 @@ def read_journal(path: str) -> tuple[list[dict], int | None]:
         data = f.read()
     records, at = [], 0
     while at < len(data):
-        length, trajectories, digest = _HEAD.unpack_from(data, at) if len(data) - at >= _HEAD.size else (0, None, b"")
+        length, trajectories, expected = _HEAD.unpack_from(data, at) if len(data) - at >= _HEAD.size else (0, None, b"")
         body = data[at + _HEAD.size : at + _HEAD.size + length]
         if trajectories is None or len(body) < length:  # the last record, cut mid-write (its header too: None)
             with open(path, "r+b") as f:
                 f.truncate(at)
                 os.fsync(f.fileno())
             return records, trajectories
-        if _digest(body) != digest:
+        if digest(body) != expected:
             raise SealedFileError(
                 f"replay journal {path} is corrupt: the record at byte {at} does not match its digest (not a write "
                 "cut by a crash, which can only shorten the last record)"

@@ -29,8 +29,13 @@ class SealedFileError(ValueError):
     """A sealed file that is cut, altered, of another kind, or holds what ``unpack`` does not read."""
 
 
-def _digest(body: bytes) -> bytes:
+def digest(body: bytes) -> bytes:
+    """The BLAKE2b digest every sealed file and journal record carries."""
     return hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest()
+
+
+def _corrupt(what: str) -> SealedFileError:
+    return SealedFileError(f"{what} is corrupt: its contents do not match its digest (a cut or altered file)")
 
 
 def _encode(value):
@@ -101,7 +106,7 @@ def unpack(data: bytes):
 
 
 def sealed(body: bytes) -> bytes:
-    return MAGIC + _digest(body) + body
+    return MAGIC + digest(body) + body
 
 
 def opened(data: bytes, what: str) -> bytes:
@@ -112,8 +117,8 @@ def opened(data: bytes, what: str) -> bytes:
             f"{what} is not a tba-ext sealed file" + (f" ({kind}: tba-ext never reads those)" if kind else "")
         )
     head = len(MAGIC) + DIGEST_BYTES
-    if len(data) < head or data[len(MAGIC) : head] != _digest(data[head:]):
-        raise SealedFileError(f"{what} is corrupt: its contents do not match its digest (a cut or altered file)")
+    if len(data) < head or data[len(MAGIC) : head] != digest(data[head:]):
+        raise _corrupt(what)
     return data[head:]
 
 
@@ -124,15 +129,15 @@ def check_sealed(path: str, what: str | None = None) -> None:
     try:
         with open(path, "rb") as f:
             start = f.read(head)
-            digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+            running = hashlib.blake2b(digest_size=DIGEST_BYTES)
             for chunk in iter(lambda: f.read(1 << 24), b""):
-                digest.update(chunk)
+                running.update(chunk)
     except OSError as exc:
         raise SealedFileError(f"{what} is unreadable: {exc}") from exc
     if not start.startswith(MAGIC):
         opened(start, what)  # refuses it with the message of a full read
-    if len(start) < head or start[len(MAGIC) :] != digest.digest():
-        raise SealedFileError(f"{what} is corrupt: its contents do not match its digest (a cut or altered file)")
+    if len(start) < head or start[len(MAGIC) :] != running.digest():
+        raise _corrupt(what)
 
 
 def write_atomic(path: str, data: bytes) -> None:
@@ -168,10 +173,3 @@ def read_sealed(path: str, what: str | None = None):
         return unpack(body)
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise SealedFileError(f"{what} holds data tba-ext cannot read: {exc}") from exc
-
-
-def stale_temp_files(folder: str) -> list[str]:
-    """The temporary files ``write_atomic`` (and the reference's shard writer) leave when killed mid-write."""
-    if not os.path.isdir(folder):
-        return []
-    return [os.path.join(folder, name) for name in os.listdir(folder) if ".tmp-" in name or name.endswith(".tmp")]
